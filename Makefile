@@ -1,0 +1,29 @@
+# The two set-up commands of the README: `make run` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint install
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -r requirements.txt -r requirements-dev.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/python manage.py migrate --noinput
+	$(VENV)/bin/python manage.py bootstrap_demo
+	./scripts/run.sh
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# The whole suite on SQLite, then again on PostgreSQL when DATABASE_URL is set.
+test: $(STAMP) lint
+	env -u DATABASE_URL $(VENV)/bin/python -m pytest
+	if [ -n "$$DATABASE_URL" ]; then $(VENV)/bin/python -m pytest; fi

@@ -1,0 +1,102 @@
+"""Django settings. Everything comes from the environment, with embedded defaults that run with no services."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from carbonledger.env import database_from_url, env_bool, env_choice, env_float, env_int, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("CARBONLEDGER_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)  # the embedded SQLite database, spool and broker live here
+
+SECRET_KEY = env_str("SECRET_KEY", "carbonledger-dev-only-not-secret")
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",") if h.strip()]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "carbonledger",
+    "reports",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "carbonledger.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+ASGI_APPLICATION = "carbonledger.asgi.application"
+
+DATABASES = {"default": database_from_url("DATABASE_URL", f"sqlite:///{VAR_DIR / 'carbonledger.sqlite3'}")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "carbonledger.api_auth.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+}
+
+# -- inference gateway --------------------------------------------------------------------
+MODEL_REPOSITORY = Path(env_str("MODEL_REPOSITORY", str(VAR_DIR / "models")))
+TRITON_URL = env_str("TRITON_URL", "")
+TRITON_PROTOCOL = env_choice("TRITON_PROTOCOL", "http", ("http", "grpc"))
+TRITON_TIMEOUT_S = env_float("TRITON_TIMEOUT_S", 5.0, minimum=0.1)
+GATEWAY_MAX_BODY_BYTES = env_int("GATEWAY_MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024)
+GATEWAY_ADAPTIVE_DELAY = env_bool("GATEWAY_ADAPTIVE_DELAY", True)
+GATEWAY_ONNX_THREADS = env_int("GATEWAY_ONNX_THREADS", 1, minimum=1)
+API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0, minimum=0.0)
+
+# -- Celery: an embedded filesystem broker by default, Redis or RabbitMQ from the environment --
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.split(":", 1)[0] not in {"filesystem", "redis", "rediss", "amqp", "pyamqp", "memory"}:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"CELERY_BROKER_URL must be filesystem://, redis://, amqp:// or memory://, got {CELERY_BROKER_URL!r}"
+    )
+CELERY_BROKER_DIR = VAR_DIR / "celery" / "broker"
+CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", f"file://{VAR_DIR / 'celery' / 'results'}")
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))},
+}

@@ -1,0 +1,460 @@
+"""Dynamic batcher with Triton's semantics, free of Django and of any web framework.
+
+One queue per model version; each model instance owns a thread that takes the batching
+decision itself: it waits on the lock-protected queue with a precise timeout, pops the batch,
+runs it, and hands the results to ``deliver`` once per batch. The next batch forms while the
+current one runs and starts the moment it ends, with no event-loop round trip (see
+ARCHITECTURE.md, "How fast the hot path can be here").
+
+Triton's rules (``dynamic_batching`` in config.pbtxt), each unit-tested in
+tests/inference/test_batcher.py:
+
+* a batch never holds more than ``max_batch_size`` rows, and only shape-compatible requests;
+* a forming batch that reaches a preferred size is dispatched at once (the largest preferred
+  size reachable from the head of the queue);
+* otherwise it is dispatched when its OLDEST request has waited ``max_queue_delay``;
+* priority levels are served highest (1) first, each with its own queue policy:
+  ``max_queue_size`` (a full level rejects at once), a default timeout, REJECT or DELAY when
+  a request's timeout expires in the queue, and ``allow_timeout_override``;
+* ``preserve_ordering`` delivers responses in the order requests arrived, across instances;
+* ``instance_group`` count instances draw from the one queue.
+
+Beyond Triton:
+
+* a client timeout is honoured even when the level has no default timeout;
+* expired requests are rejected by a reaper thread, so promptly even while every instance
+  is busy executing;
+* adaptive delay (on by default, a model setting): when the queue already holds as many
+  requests as the recent peak in flight, no one else can send, so dispatch now rather than
+  wait out ``max_queue_delay``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference.errors import InferenceError, QueueFull, RequestTimeout, ShuttingDown
+
+QUEUED, RUNNING, DONE = 0, 1, 2
+PEAK_WINDOW_NS = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    max_queue_size: int = 0  # 0: unbounded
+    default_timeout_ns: int = 0  # 0: none
+    timeout_action: str = "REJECT"  # or "DELAY"
+    allow_timeout_override: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPolicy:
+    """The batching rules of one model version.
+
+    ``dynamic`` False means no dynamic batching: every request is executed on its own, as
+    Triton's default scheduler does.
+    """
+
+    max_batch_size: int
+    dynamic: bool = True
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_ns: int = 0
+    preserve_ordering: bool = False
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    default_queue_policy: QueuePolicy = QueuePolicy()
+    queue_policies: dict[int, QueuePolicy] = field(default_factory=dict)
+    adaptive_delay: bool = True
+
+    @property
+    def levels(self) -> int:
+        return max(1, self.priority_levels)
+
+    def policy_for(self, level: int) -> QueuePolicy:
+        return self.queue_policies.get(level, self.default_queue_policy)
+
+    @property
+    def max_preferred(self) -> int:
+        return self.preferred_batch_sizes[-1] if self.preferred_batch_sizes else max(1, self.max_batch_size)
+
+
+class Pending:
+    """A request waiting in (or taken from) the queue. ``payload`` is the caller's."""
+
+    __slots__ = (
+        "deadline_ns",
+        "enqueued_ns",
+        "level",
+        "payload",
+        "rows",
+        "seq",
+        "signature",
+        "state",
+        "timeout_action",
+        "timeout_us",
+    )
+
+    def __init__(
+        self,
+        payload: Any,
+        rows: int = 1,
+        signature: Hashable = None,
+        priority: int = 0,
+        timeout_us: int = 0,
+    ) -> None:
+        self.payload = payload
+        self.rows = rows
+        self.signature = signature
+        self.level = priority  # resolved to 1..levels by enqueue
+        self.timeout_us = timeout_us  # the client's timeout, 0 for none
+        self.deadline_ns = 0
+        self.enqueued_ns = 0
+        self.seq = 0
+        self.state = QUEUED
+        self.timeout_action = "REJECT"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTiming:
+    start_ns: int
+    end_ns: int
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+
+
+# What an instance's runner returns: one result (or InferenceError) per request, and timings
+# (compute_input_ns, compute_infer_ns, compute_output_ns).
+ExecuteFn = Callable[[list[Pending]], tuple[Sequence[Any], tuple[int, int, int]]]
+# Called from instance and reaper threads with (pending, result-or-error) pairs, already in
+# delivery order.
+DeliverFn = Callable[[list[tuple[Pending, Any]]], None]
+# Called once per executed batch: (instance index, batch, timing, error or None).
+BatchObserver = Callable[[int, list[Pending], BatchTiming, BaseException | None], None]
+
+
+class DynamicBatcher:
+    def __init__(
+        self,
+        name: str,
+        policy: BatchPolicy,
+        execute_factory: Callable[[int], ExecuteFn],
+        deliver: DeliverFn,
+        instances: int = 1,
+        observers: Sequence[BatchObserver] = (),
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.name = name
+        self.policy = policy
+        self._execute_factory = execute_factory
+        self._deliver = deliver
+        self._instances = max(1, instances)
+        self._observers = list(observers)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._reap = threading.Condition(self._lock)
+        levels = policy.levels
+        self._queues: list[deque[Pending]] = [deque() for _ in range(levels)]
+        self._delayed: list[deque[Pending]] = [deque() for _ in range(levels)]
+        self._queued = 0
+        self._level_sizes = [0] * levels
+        self._deadlines: list[tuple[int, int, Pending]] = []
+        self._seq = itertools.count(1)
+        self._next_release = 1
+        self._held: dict[int, tuple[Pending, Any]] = {}
+        self._in_flight = 0
+        self._peak_cur = 0
+        self._peak_prev = 0
+        self._window_start = 0
+        self._executing = 0
+        self._batch_ns_avg = 0.0
+        self._stopping = False
+        self._threads: list[threading.Thread] = []
+        self._reaper: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for i in range(self._instances):
+            run = self._execute_factory(i)
+            t = threading.Thread(target=self._instance_loop, args=(i, run), name=f"{self.name}-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the instances after their current batch; reject whatever is still queued."""
+        with self._lock:
+            self._stopping = True
+            leftovers = [p for p in self._iter_queue()]
+            for q in (*self._queues, *self._delayed):
+                q.clear()
+            self._queued = 0
+            self._level_sizes = [0] * len(self._level_sizes)
+            self._work.notify_all()
+            self._reap.notify_all()
+        for t in self._threads:
+            t.join(timeout_s)
+        if self._reaper is not None:
+            self._reaper.join(timeout_s)
+        if leftovers:
+            err = ShuttingDown(f"model '{self.name}' is shutting down")
+            self._finish([(p, err) for p in leftovers])
+
+    # -- submission --------------------------------------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    @property
+    def pending_count(self) -> int:
+        """Requests accepted and not yet answered (queued or executing)."""
+        return self._in_flight
+
+    def enqueue(self, p: Pending) -> None:
+        """Queue a request. Raises QueueFull (never queued) when its level is full."""
+        policy = self.policy
+        level = p.level or policy.default_priority_level or 1
+        if policy.priority_levels and not (1 <= level <= policy.priority_levels):
+            raise InferenceError(
+                f"priority {p.level} is outside 1..{policy.priority_levels} for model '{self.name}'", 400
+            )
+        if not policy.priority_levels:
+            level = 1
+        qpol = policy.policy_for(level)
+        requested_us = p.timeout_us
+        if requested_us and (qpol.allow_timeout_override or not qpol.default_timeout_ns):
+            timeout_ns = requested_us * 1000
+        else:
+            timeout_ns = qpol.default_timeout_ns
+        with self._lock:
+            if self._stopping:
+                raise ShuttingDown(f"model '{self.name}' is shutting down")
+            if qpol.max_queue_size and self._level_sizes[level - 1] >= qpol.max_queue_size:
+                raise QueueFull(
+                    f"exceeds maximum queue size for model '{self.name}' (priority level {level}: "
+                    f"{qpol.max_queue_size} queued)",
+                    retry_after_s=self._retry_after_s(),
+                )
+            now = self._clock()
+            p.level = level
+            p.enqueued_ns = now
+            p.seq = next(self._seq)
+            p.state = QUEUED
+            p.timeout_action = qpol.timeout_action
+            if timeout_ns:
+                p.deadline_ns = now + timeout_ns
+                heapq.heappush(self._deadlines, (p.deadline_ns, p.seq, p))
+                self._ensure_reaper()
+                self._reap.notify()
+            else:
+                p.deadline_ns = 0
+            self._queues[level - 1].append(p)
+            self._queued += 1
+            self._level_sizes[level - 1] += 1
+            self._in_flight += 1
+            if now - self._window_start > PEAK_WINDOW_NS:
+                self._peak_prev = self._peak_cur
+                self._peak_cur = 0
+                self._window_start = now
+            if self._in_flight > self._peak_cur:
+                self._peak_cur = self._in_flight
+            self._work.notify()
+
+    def _retry_after_s(self) -> int:
+        per_batch_s = (self._batch_ns_avg or 1e6) / 1e9
+        batches_ahead = self._queued / max(1, self.policy.max_batch_size) / self._instances
+        return max(1, math.ceil(batches_ahead * per_batch_s))
+
+    # -- the batching decision (called with the lock held) -----------------------------------
+
+    def _iter_queue(self) -> Iterator[Pending]:
+        for q, d in zip(self._queues, self._delayed, strict=True):
+            yield from q
+            yield from d
+
+    def plan(self, now: int) -> tuple[int, int | None]:
+        """Return (requests to dispatch now, ns to wait otherwise; None: wait for arrivals)."""
+        policy = self.policy
+        if self._queued == 0:
+            return 0, None
+        if not policy.dynamic:
+            return 1, None
+        max_bs = policy.max_batch_size
+        preferred = policy.preferred_batch_sizes
+        max_pref = policy.max_preferred
+        rows = 0
+        count = 0
+        best_pref = 0
+        oldest = now
+        sig: Hashable = None
+        first = True
+        send_now = False
+        for p in self._iter_queue():
+            if first:
+                sig = p.signature
+                first = False
+            elif p.signature != sig:
+                send_now = True  # the batch cannot grow past an incompatible request
+                break
+            if rows + p.rows > max_bs:
+                send_now = True
+                break
+            rows += p.rows
+            count += 1
+            if p.enqueued_ns < oldest:
+                oldest = p.enqueued_ns
+            if rows in preferred:
+                best_pref = count
+            if rows >= max_pref:
+                send_now = True
+                break
+        if count == 0:
+            # The head alone exceeds max_batch_size; validation prevents this, but never stall.
+            return 1, None
+        if send_now:
+            return count, None
+        if now - oldest >= policy.max_queue_delay_ns:
+            return count, None
+        if best_pref:
+            return best_pref, None
+        if policy.adaptive_delay and self._queued >= max(self._peak_cur, self._peak_prev):
+            return count, None
+        return 0, oldest + policy.max_queue_delay_ns - now
+
+    def _pop(self, n: int) -> list[Pending]:
+        batch: list[Pending] = []
+        for q in itertools.chain.from_iterable(zip(self._queues, self._delayed, strict=True)):
+            while q and len(batch) < n:
+                p = q.popleft()
+                p.state = RUNNING
+                self._level_sizes[p.level - 1] -= 1
+                batch.append(p)
+            if len(batch) == n:
+                break
+        self._queued -= len(batch)
+        return batch
+
+    def _expire_due(self, now: int) -> list[Pending]:
+        """Apply REJECT or DELAY to queued requests whose timeout has passed."""
+        rejected: list[Pending] = []
+        dl = self._deadlines
+        while dl and dl[0][0] <= now:
+            _, _, p = heapq.heappop(dl)
+            if p.state != QUEUED:
+                continue
+            q = self._queues[p.level - 1]
+            try:
+                q.remove(p)
+            except ValueError:
+                continue  # already in the delayed queue
+            if p.timeout_action == "DELAY":
+                self._delayed[p.level - 1].append(p)
+                continue
+            p.state = DONE
+            self._queued -= 1
+            self._level_sizes[p.level - 1] -= 1
+            self._in_flight -= 1
+            rejected.append(p)
+        return rejected
+
+    # -- threads -----------------------------------------------------------------------------
+
+    def _instance_loop(self, index: int, run: ExecuteFn) -> None:
+        clock = self._clock
+        while True:
+            expired: list[Pending] = []
+            with self._lock:
+                while True:
+                    if self._stopping:
+                        return
+                    now = clock()
+                    if self._deadlines and self._deadlines[0][0] <= now:
+                        expired.extend(self._expire_due(now))
+                    n, wait_ns = self.plan(now)
+                    if n:
+                        batch = self._pop(n)
+                        self._executing += 1
+                        break
+                    if expired:
+                        break  # deliver rejections before sleeping
+                    self._work.wait(None if wait_ns is None else wait_ns / 1e9)
+            if expired:
+                self._reject_timed_out(expired)
+                if not n:
+                    continue
+            start = clock()
+            error: BaseException | None = None
+            try:
+                results, (t_in, t_infer, t_out) = run(batch)
+                if len(results) != len(batch):
+                    raise RuntimeError(f"runner returned {len(results)} results for {len(batch)} requests")
+            except BaseException as exc:  # noqa: BLE001 - a backend failure fails its batch only
+                error = exc
+                t_in = t_out = 0
+                t_infer = clock() - start
+                err = exc if isinstance(exc, InferenceError) else InferenceError(str(exc))
+                results = [err] * len(batch)
+            end = clock()
+            with self._lock:
+                self._executing -= 1
+                self._in_flight -= len(batch)
+                self._batch_ns_avg = 0.9 * self._batch_ns_avg + 0.1 * (end - start) if self._batch_ns_avg else (end - start)
+                for p in batch:
+                    p.state = DONE
+            timing = BatchTiming(start, end, t_in, t_infer, t_out)
+            for obs in self._observers:
+                try:
+                    obs(index, batch, timing, error)
+                except Exception:  # noqa: BLE001 - observers must never break serving
+                    pass
+            self._finish(list(zip(batch, results, strict=True)))
+
+    def _reject_timed_out(self, expired: list[Pending]) -> None:
+        self._finish(
+            [(p, RequestTimeout(f"Request timeout expired for model '{self.name}'")) for p in expired]
+        )
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None:
+            self._reaper = threading.Thread(target=self._reaper_loop, name=f"{self.name}-reaper", daemon=True)
+            self._reaper.start()
+
+    def _reaper_loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopping:
+                    return
+                now = self._clock()
+                expired = self._expire_due(now)
+                if not expired:
+                    wait = (self._deadlines[0][0] - now) / 1e9 if self._deadlines else None
+                    self._reap.wait(wait)
+                    continue
+                self._work.notify()  # a DELAYed or removed head may change the next plan
+            self._reject_timed_out(expired)
+
+    def _finish(self, items: list[tuple[Pending, Any]]) -> None:
+        if not self.policy.preserve_ordering:
+            self._deliver(items)
+            return
+        # Release strictly in arrival order: hold results until every earlier request is done.
+        with self._lock:
+            for p, result in items:
+                self._held[p.seq] = (p, result)
+            ready: list[tuple[Pending, Any]] = []
+            while self._next_release in self._held:
+                ready.append(self._held.pop(self._next_release))
+                self._next_release += 1
+            if ready:
+                # Deliver under the lock so two threads cannot interleave released runs.
+                self._deliver(ready)

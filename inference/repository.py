@@ -1,0 +1,322 @@
+"""Model repository in Triton's layout: ``<root>/<model>/config.pbtxt`` and ``<root>/<model>/<version>/``.
+
+A model whose config or files are broken is kept as *not ready* with the reason; the others
+still load. Each ready version owns one DynamicBatcher and one backend per instance.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
+
+from inference.backends import Backend, create_backend
+from inference.batcher import BatchObserver, BatchPolicy, BatchTiming, DeliverFn, DynamicBatcher, Pending, QueuePolicy
+from inference.config import ConfigError, ModelSpec, config_json_bytes, load_config
+from inference.errors import BackendError, InferenceError, ModelNotReady, NotFound
+from inference.stats import ModelStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GatewayOptions:
+    """Everything the gateway core takes from settings, passed in (never read at import)."""
+
+    triton_url: str = ""
+    triton_protocol: str = "http"
+    remote_timeout_s: float = 5.0
+    onnx_threads: int = 1
+    adaptive_delay: bool = True
+    max_body_bytes: int = 64 * 1024 * 1024
+
+
+class HasInputs(Protocol):
+    inputs: dict[str, np.ndarray[Any, Any]]
+    received_ns: int
+
+
+def batch_policy(spec: ModelSpec, adaptive_default: bool) -> BatchPolicy:
+    db = spec.dynamic_batching
+    adaptive = spec.param_bool("adaptive_delay", adaptive_default)
+    if db is None:
+        return BatchPolicy(max_batch_size=spec.max_batch_size, dynamic=False, adaptive_delay=False)
+
+    def qp(p: Any) -> QueuePolicy:
+        return QueuePolicy(
+            max_queue_size=p.max_queue_size,
+            default_timeout_ns=p.default_timeout_us * 1000,
+            timeout_action=p.timeout_action,
+            allow_timeout_override=p.allow_timeout_override,
+        )
+
+    return BatchPolicy(
+        max_batch_size=spec.max_batch_size,
+        dynamic=True,
+        preferred_batch_sizes=db.preferred_batch_size,
+        max_queue_delay_ns=db.max_queue_delay_us * 1000,
+        preserve_ordering=db.preserve_ordering,
+        priority_levels=db.priority_levels,
+        default_priority_level=db.default_priority_level,
+        default_queue_policy=qp(db.default_queue_policy),
+        queue_policies={k: qp(v) for k, v in db.priority_queue_policy.items()},
+        adaptive_delay=adaptive,
+    )
+
+
+def metadata_platform(spec: ModelSpec) -> str:
+    return spec.platform or spec.backend
+
+
+class ModelVersion:
+    """One loaded (or failed) version of a model."""
+
+    def __init__(self, spec: ModelSpec, version: str, path: Path) -> None:
+        self.spec = spec
+        self.version = version
+        self.path = path
+        self.stats = ModelStats(spec.name, version)
+        self.ready = False
+        self.reason = ""
+        self.batcher: DynamicBatcher | None = None
+        self.backends: list[Backend] = []
+        self.config_bytes = config_json_bytes(spec)
+        self.output_specs = {t.name: t for t in spec.outputs}
+
+    def runner(self, backend: Backend) -> Callable[[list[Pending]], tuple[Sequence[Any], tuple[int, int, int]]]:
+        import time
+
+        spec = self.spec
+        names = [t.name for t in spec.inputs]
+        out_names = [t.name for t in spec.outputs]
+        batched = spec.max_batch_size > 0
+        clock = time.perf_counter_ns
+        model_label = f"model '{spec.name}' version {self.version}"
+
+        def run(batch: list[Pending]) -> tuple[Sequence[Any], tuple[int, int, int]]:
+            t0 = clock()
+            if len(batch) == 1:
+                inputs = batch[0].payload.inputs
+            else:
+                inputs = {}
+                for n in names:
+                    parts = [p.payload.inputs[n] for p in batch if n in p.payload.inputs]
+                    if parts:
+                        inputs[n] = np.concatenate(parts)
+            t1 = clock()
+            try:
+                outputs = backend.execute(inputs)
+            except InferenceError:
+                raise
+            except Exception as exc:
+                raise BackendError(f"{model_label} failed: {type(exc).__name__}: {exc}") from exc
+            t2 = clock()
+            for n in out_names:
+                if n not in outputs:
+                    raise BackendError(f"{model_label} returned no output '{n}'")
+            if len(batch) == 1 or not batched:
+                results: list[Any] = [outputs]
+            else:
+                total = sum(p.rows for p in batch)
+                for n in out_names:
+                    if outputs[n].shape[:1] != (total,):
+                        raise BackendError(
+                            f"{model_label} returned output '{n}' with {outputs[n].shape[0] if outputs[n].ndim else 0} "
+                            f"rows for a batch of {total}"
+                        )
+                results = []
+                start = 0
+                for p in batch:
+                    end = start + p.rows
+                    results.append({n: outputs[n][start:end] for n in out_names})
+                    start = end
+            t3 = clock()
+            return results, (t1 - t0, t2 - t1, t3 - t2)
+
+        return run
+
+    def stats_observer(self) -> BatchObserver:
+        stats = self.stats
+
+        def observe(index: int, batch: list[Pending], timing: BatchTiming, error: BaseException | None) -> None:
+            if error is not None:
+                reason = error.reason if isinstance(error, InferenceError) else "BACKEND"
+                stats.record_failure(
+                    reason, sum(timing.end_ns - p.payload.received_ns for p in batch), len(batch)
+                )
+                return
+            stats.record_batch(
+                rows=sum(p.rows for p in batch),
+                requests=len(batch),
+                queue_ns=sum(timing.start_ns - p.enqueued_ns for p in batch),
+                request_ns=sum(timing.end_ns - p.payload.received_ns for p in batch),
+                compute_input_ns=timing.compute_input_ns,
+                compute_infer_ns=timing.compute_infer_ns,
+                compute_output_ns=timing.compute_output_ns,
+            )
+
+        return observe
+
+
+class ModelEntry:
+    def __init__(self, name: str, spec: ModelSpec | None, reason: str = "") -> None:
+        self.name = name
+        self.spec = spec
+        self.reason = reason
+        self.versions: dict[str, ModelVersion] = {}
+        self.metadata_bytes = b""
+
+    @property
+    def ready_versions(self) -> list[ModelVersion]:
+        return sorted((v for v in self.versions.values() if v.ready), key=lambda v: int(v.version))
+
+    def build_metadata(self) -> None:
+        spec = self.spec
+        if spec is None:
+            return
+        lead = [-1] if spec.max_batch_size > 0 else []
+        doc = {
+            "name": spec.name,
+            "versions": [v.version for v in self.ready_versions],
+            "platform": metadata_platform(spec),
+            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [*lead, *t.dims]} for t in spec.inputs],
+            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": [*lead, *t.dims]} for t in spec.outputs],
+        }
+        self.metadata_bytes = orjson.dumps(doc)
+
+
+def select_versions(spec: ModelSpec, available: list[int]) -> list[int]:
+    policy = spec.version_policy
+    ordered = sorted(available)
+    if "all" in policy:
+        return ordered
+    if "specific" in policy:
+        wanted = {int(v) for v in policy["specific"].get("versions", [])}
+        return [v for v in ordered if v in wanted]
+    n = int(policy.get("latest", {}).get("num_versions", 1) or 1)
+    return ordered[-n:]
+
+
+class ModelRepository:
+    def __init__(
+        self,
+        root: Path,
+        options: GatewayOptions,
+        deliver: DeliverFn,
+        observers: Sequence[Callable[[ModelVersion], BatchObserver]] = (),
+    ) -> None:
+        self.root = root
+        self.options = options
+        self._deliver = deliver
+        self._observer_factories = list(observers)
+        self.models: dict[str, ModelEntry] = {}
+
+    def load(self) -> None:
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"model repository {self.root} does not exist")
+        for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            self.models[model_dir.name] = self._load_model(model_dir)
+        for entry in self.models.values():
+            state = "READY" if entry.ready_versions else f"UNAVAILABLE ({entry.reason or 'no ready version'})"
+            log.info("model %s: %s", entry.name, state)
+
+    def _load_model(self, model_dir: Path) -> ModelEntry:
+        try:
+            spec = load_config(model_dir)
+            batch_policy(spec, self.options.adaptive_delay)  # validates model-level parameters
+        except (ConfigError, ValueError) as exc:
+            return ModelEntry(model_dir.name, None, str(exc))
+        entry = ModelEntry(spec.name, spec)
+        available = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+        chosen = select_versions(spec, available)
+        if not chosen:
+            entry.reason = f"{model_dir}: no version directory matches the version policy {spec.version_policy}"
+        for v in chosen:
+            mv = ModelVersion(spec, str(v), model_dir / str(v))
+            entry.versions[mv.version] = mv
+            self._load_version(mv)
+        if not entry.ready_versions and not entry.reason:
+            entry.reason = "; ".join(f"version {v.version}: {v.reason}" for v in entry.versions.values())
+        entry.build_metadata()
+        return entry
+
+    def _load_version(self, mv: ModelVersion) -> None:
+        spec = mv.spec
+        try:
+            mv.backends = [
+                create_backend(spec, mv.version, mv.path, i, self.options) for i in range(spec.instance_count)
+            ]
+        except Exception as exc:  # noqa: BLE001 - a broken model must not stop the others
+            mv.reason = f"failed to load: {type(exc).__name__}: {exc}"
+            log.warning("model %s version %s %s", spec.name, mv.version, mv.reason)
+            for b in mv.backends:
+                b.close()
+            mv.backends = []
+            return
+        observers = [mv.stats_observer(), *(f(mv) for f in self._observer_factories)]
+        backends = mv.backends
+        mv.batcher = DynamicBatcher(
+            f"{spec.name}/{mv.version}",
+            batch_policy(spec, self.options.adaptive_delay),
+            lambda i: mv.runner(backends[i]),
+            self._deliver,
+            instances=len(backends),
+            observers=observers,
+        )
+        mv.batcher.start()
+        mv.ready = True
+
+    def stop(self) -> None:
+        for entry in self.models.values():
+            for mv in entry.versions.values():
+                if mv.batcher is not None:
+                    mv.batcher.stop()
+                for b in mv.backends:
+                    try:
+                        b.close()
+                    except Exception:  # noqa: BLE001
+                        log.exception("closing backend of %s/%s", entry.name, mv.version)
+
+    def entry(self, name: str) -> ModelEntry:
+        entry = self.models.get(name)
+        if entry is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        return entry
+
+    def version(self, name: str, version: str | None) -> ModelVersion:
+        """The version to serve; the highest ready one when ``version`` is empty."""
+        entry = self.entry(name)
+        if version:
+            mv = entry.versions.get(version)
+            if mv is None:
+                raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+            if not mv.ready:
+                raise ModelNotReady(f"Model '{name}' version {version} is not ready: {mv.reason}")
+            return mv
+        ready = entry.ready_versions
+        if not ready:
+            raise NotFound(
+                f"Request for unknown model: '{name}' has no available versions"
+                + (f" ({entry.reason})" if entry.reason else "")
+            )
+        return ready[-1]
+
+    def index(self) -> list[dict[str, str]]:
+        rows: list[dict[str, str]] = []
+        for entry in self.models.values():
+            if not entry.versions:
+                rows.append({"name": entry.name, "state": "UNAVAILABLE", "reason": entry.reason})
+            for mv in sorted(entry.versions.values(), key=lambda v: int(v.version)):
+                row = {"name": entry.name, "version": mv.version, "state": "READY" if mv.ready else "UNAVAILABLE"}
+                if not mv.ready:
+                    row["reason"] = mv.reason
+                rows.append(row)
+        return rows
+
+    def all_versions(self) -> list[ModelVersion]:
+        return [mv for e in self.models.values() for mv in e.versions.values()]
