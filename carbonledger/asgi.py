@@ -7,20 +7,17 @@ uses it to start and stop the gateway's batchers.
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "carbonledger.settings")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from django.core.asgi import get_asgi_application  # noqa: E402
+from django.core.asgi import get_asgi_application
 
 django_app = get_asgi_application()
 
 from carbonledger.gateway_app import build_gateway  # noqa: E402
-
-log = logging.getLogger("carbonledger.asgi")
 
 
 class Router:
@@ -36,25 +33,9 @@ class Router:
             else:
                 await django_app(scope, receive, send)
         elif kind == "lifespan":
-            await self._lifespan(receive, send)
+            await self.gateway.lifespan(receive, send)
         else:
             await django_app(scope, receive, send)
-
-    async def _lifespan(self, receive: Any, send: Any) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await self.gateway.startup()
-                except Exception as exc:
-                    log.exception("gateway start-up failed")
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.gateway.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
 
 application = Router()

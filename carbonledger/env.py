@@ -15,7 +15,9 @@ def env_str(name: str, default: str, environ: Mapping[str, str] = os.environ) ->
     return environ.get(name, default)
 
 
-def env_int(name: str, default: int, minimum: int | None = None, environ: Mapping[str, str] = os.environ) -> int:
+def env_int(
+    name: str, default: int, minimum: int | None = None, environ: Mapping[str, str] = os.environ
+) -> int:
     raw = environ.get(name)
     if raw is None or raw == "":
         return default
@@ -28,7 +30,9 @@ def env_int(name: str, default: int, minimum: int | None = None, environ: Mappin
     return value
 
 
-def env_float(name: str, default: float, minimum: float | None = None, environ: Mapping[str, str] = os.environ) -> float:
+def env_float(
+    name: str, default: float, minimum: float | None = None, environ: Mapping[str, str] = os.environ
+) -> float:
     raw = environ.get(name)
     if raw is None or raw == "":
         return default
@@ -53,7 +57,9 @@ def env_bool(name: str, default: bool, environ: Mapping[str, str] = os.environ) 
     raise ImproperlyConfigured(f"{name} must be true or false, got {raw!r}")
 
 
-def env_choice(name: str, default: str, choices: tuple[str, ...], environ: Mapping[str, str] = os.environ) -> str:
+def env_choice(
+    name: str, default: str, choices: tuple[str, ...], environ: Mapping[str, str] = os.environ
+) -> str:
     value = environ.get(name) or default
     if value not in choices:
         raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {value!r}")
@@ -69,7 +75,7 @@ def database_from_url(name: str, default: str, environ: Mapping[str, str] = os.e
         raise ImproperlyConfigured(f"{name} must be a sqlite:// or postgres:// URL, got scheme {scheme!r}")
     try:
         config: dict[str, object] = dict(dj_database_url.parse(url, conn_max_age=60))
-    except Exception as exc:  # noqa: BLE001 - any parse failure is a configuration error
+    except Exception as exc:
         raise ImproperlyConfigured(f"{name} is not a valid database URL: {exc}") from None
     if config["ENGINE"] == "django.db.backends.sqlite3":
         # WAL lets the gateway's writer and the dashboard read at the same time; the busy

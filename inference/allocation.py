@@ -381,7 +381,7 @@ class AccountantStats:
 
 
 class EnergyAccountant:
-    """Streams readings and batches of one device into :class:`IntervalAllocation` s.
+    """Turns the readings and batches of one device into interval allocations.
 
     Thread-safe: batches come from model-instance threads and readings from a timer
     thread; one lock guards all state.
@@ -446,6 +446,10 @@ class EnergyAccountant:
         before it can still be allocated. Without it, the time of the latest
         reading is used, which is safe when this is called before the batch takes
         its start timestamp and readings are added after being timestamped.
+
+        Every begun batch must end in :meth:`add_batch` or :meth:`abort_batch`;
+        until then closed intervals accumulate (see ``held_intervals`` in
+        :meth:`stats`).
         """
         with self._lock:
             if batch_id in self._in_flight or batch_id in self._pending:
@@ -466,7 +470,12 @@ class EnergyAccountant:
                 self._allocate_ready()
 
     def add_batch(self, batch: BatchRecord) -> None:
-        """Report a finished batch (completes a :meth:`begin_batch` with the same id)."""
+        """Report a finished batch (completes a :meth:`begin_batch` with the same id).
+
+        ``batch_id`` must be unique among batches not yet fully allocated
+        (``ValueError`` otherwise); ids are forgotten once the frontier passes the
+        batch end, to keep memory bounded.
+        """
         late_ns = 0
         with self._lock:
             if batch.batch_id in self._pending:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import math
 import threading
 import time
@@ -42,6 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.errors import InferenceError, QueueFull, RequestTimeout, ShuttingDown
+
+log = logging.getLogger(__name__)
 
 QUEUED, RUNNING, DONE = 0, 1, 2
 PEAK_WINDOW_NS = 1_000_000_000
@@ -186,7 +189,9 @@ class DynamicBatcher:
     def start(self) -> None:
         for i in range(self._instances):
             run = self._execute_factory(i)
-            t = threading.Thread(target=self._instance_loop, args=(i, run), name=f"{self.name}-{i}", daemon=True)
+            t = threading.Thread(
+                target=self._instance_loop, args=(i, run), name=f"{self.name}-{i}", daemon=True
+            )
             t.start()
             self._threads.append(t)
 
@@ -398,7 +403,7 @@ class DynamicBatcher:
                 results, (t_in, t_infer, t_out) = run(batch)
                 if len(results) != len(batch):
                     raise RuntimeError(f"runner returned {len(results)} results for {len(batch)} requests")
-            except BaseException as exc:  # noqa: BLE001 - a backend failure fails its batch only
+            except BaseException as exc:  # a backend failure fails its own batch only
                 error = exc
                 t_in = t_out = 0
                 t_infer = clock() - start
@@ -408,15 +413,17 @@ class DynamicBatcher:
             with self._lock:
                 self._executing -= 1
                 self._in_flight -= len(batch)
-                self._batch_ns_avg = 0.9 * self._batch_ns_avg + 0.1 * (end - start) if self._batch_ns_avg else (end - start)
+                self._batch_ns_avg = (
+                    0.9 * self._batch_ns_avg + 0.1 * (end - start) if self._batch_ns_avg else (end - start)
+                )
                 for p in batch:
                     p.state = DONE
             timing = BatchTiming(start, end, t_in, t_infer, t_out)
             for obs in self._observers:
                 try:
                     obs(index, batch, timing, error)
-                except Exception:  # noqa: BLE001 - observers must never break serving
-                    pass
+                except Exception:  # observers must never break serving, but say so
+                    log.exception("batch observer failed for model %s", self.name)
             self._finish(list(zip(batch, results, strict=True)))
 
     def _reject_timed_out(self, expired: list[Pending]) -> None:

@@ -133,12 +133,12 @@ def _ints_as_numbers(message: Message, data: dict[str, Any]) -> dict[str, Any]:
                         data[key][k] = _ints_as_numbers(value[k], data[key][k])
                 elif value_fd.type in _INT64_TYPES:
                     data[key] = {k: int(v) for k, v in data[key].items()}
-            elif fd.label == FieldDescriptor.LABEL_REPEATED:
+            elif fd.is_repeated:
                 data[key] = [_ints_as_numbers(m, d) for m, d in zip(value, data[key], strict=True)]
             else:
                 data[key] = _ints_as_numbers(value, data[key])
         elif fd.type in _INT64_TYPES:
-            if fd.label == FieldDescriptor.LABEL_REPEATED:
+            if fd.is_repeated:
                 data[key] = [int(v) for v in data[key]]
             else:
                 data[key] = int(data[key])

@@ -48,7 +48,14 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 SERVER_NAME = "carbonledger"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["binary_tensor_data", "parameters", "statistics", "model_repository", "model_configuration", "schedule_policy"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "model_repository",
+    "model_configuration",
+    "schedule_policy",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +113,9 @@ class Gateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.repository = ModelRepository(repository_root, options, self._deliver, observers)
         self.started = False
-        self._server_meta = orjson.dumps({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS})
+        self._server_meta = orjson.dumps(
+            {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -164,14 +173,39 @@ class Gateway:
 
     # -- ASGI --------------------------------------------------------------------------------
 
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        """Serve the ASGI lifespan protocol: start the batchers, and stop them at shutdown."""
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    log.exception("gateway start-up failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         path: str = scope["path"]
         method: str = scope["method"]
         try:
             if path == "/metrics":
-                await self._send(send, 200, self.metrics(), [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")])
+                await self._send(
+                    send,
+                    200,
+                    self.metrics(),
+                    [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
+                )
                 return
             if path.startswith("/v2/health/"):
                 await self._health(path, send)
@@ -215,8 +249,13 @@ class Gateway:
                     raise InferenceError(f"model '{name}' has a broken config: {entry.reason}", 400)
                 if version:
                     self.repository.version(name, version)
-                await self._send_json(send, 200, next(iter(entry.versions.values())).config_bytes
-                                      if entry.versions else orjson.dumps(entry.spec.config_dict))
+                await self._send_json(
+                    send,
+                    200,
+                    next(iter(entry.versions.values())).config_bytes
+                    if entry.versions
+                    else orjson.dumps(entry.spec.config_dict),
+                )
             elif action == "stats":
                 await self._stats(send, name, version)
             else:
@@ -225,8 +264,13 @@ class Gateway:
             await self._send_json(send, exc.status, error_body(exc.message), exc.headers())
 
     async def _send(self, send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     async def _send_json(
@@ -272,7 +316,9 @@ class Gateway:
         if ok:
             await self._empty(send, 200)
         else:
-            raise InferenceError(f"Model version not ready: {reason}" if reason else "Model version not ready", 400)
+            raise InferenceError(
+                f"Model version not ready: {reason}" if reason else "Model version not ready", 400
+            )
 
     async def _stats(self, send: Send, name: str | None, version: str | None) -> None:
         if name is None:
@@ -300,7 +346,9 @@ class Gateway:
                 except ValueError:
                     raise InvalidInput("Content-Length is not a number") from None
                 if declared > limit:
-                    raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+                    raise PayloadTooLarge(
+                        f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+                    )
                 break
         message = await receive()
         body: bytes = message.get("body", b"")
@@ -320,7 +368,13 @@ class Gateway:
         return b"".join(chunks)
 
     async def _infer(
-        self, scope: Scope, receive: Receive, send: Send, name: str, version: str | None, principal: Principal | None
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        name: str,
+        version: str | None,
+        principal: Principal | None,
     ) -> None:
         received = time.monotonic_ns()
         mv = self.repository.version(name, version)
@@ -363,15 +417,17 @@ class Gateway:
         if json_len is None:
             await self._send_json(send, 200, payload)
         else:
-            await send({
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"application/octet-stream"),
-                    (b"inference-header-content-length", str(json_len).encode()),
-                    (b"content-length", str(len(payload)).encode()),
-                ],
-            })
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"application/octet-stream"),
+                        (b"inference-header-content-length", str(json_len).encode()),
+                        (b"content-length", str(len(payload)).encode()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": payload})
 
 

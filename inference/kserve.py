@@ -208,7 +208,9 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
                     "Inference-Header-Content-Length header"
                 )
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise InvalidInput(f"{_prefix(rid)}input '{name}': binary_data_size must be a non-negative integer")
+                raise InvalidInput(
+                    f"{_prefix(rid)}input '{name}': binary_data_size must be a non-negative integer"
+                )
             if offset + size > len(body):
                 raise InvalidInput(
                     f"{_prefix(rid)}input '{name}': binary_data_size {size} runs past the end of the body "
@@ -251,7 +253,9 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
             if not isinstance(oparams, dict):
                 raise InvalidInput(f"{_prefix(rid)}output '{raw['name']}': 'parameters' must be an object")
             if oparams.get("classification"):
-                raise InvalidInput(f"{_prefix(rid)}output '{raw['name']}': the classification extension is not supported")
+                raise InvalidInput(
+                    f"{_prefix(rid)}output '{raw['name']}': the classification extension is not supported"
+                )
             binary = oparams.get("binary_data")
             outputs.append(RequestedOutput(raw["name"], binary_all if binary is None else binary is True))
     return InferRequest(
@@ -329,7 +333,9 @@ def validate_request(spec: ModelSpec, req: InferRequest) -> int:
     if req.outputs is not None:
         for out in req.outputs:
             if spec.output(out.name) is None:
-                raise InvalidInput(f"{_prefix(rid)}unexpected inference output '{out.name}' for model '{name}'")
+                raise InvalidInput(
+                    f"{_prefix(rid)}unexpected inference output '{out.name}' for model '{name}'"
+                )
     return rows
 
 
@@ -360,11 +366,12 @@ def _bytes_payload(arr: np.ndarray[Any, Any]) -> bytes:
 def _json_data(arr: np.ndarray[Any, Any], datatype: str) -> list[Any]:
     if datatype == "BYTES":
         return [
-            (v.decode("utf-8", errors="backslashreplace") if isinstance(v, bytes) else str(v)) for v in arr.ravel()
+            (v.decode("utf-8", errors="backslashreplace") if isinstance(v, bytes) else str(v))
+            for v in arr.ravel()
         ]
     if datatype == "BF16":
-        return arr.astype(np.float32).ravel().tolist()  # type: ignore[no-any-return]
-    return arr.ravel().tolist()  # type: ignore[no-any-return]
+        return arr.astype(np.float32).ravel().tolist()
+    return arr.ravel().tolist()
 
 
 def encode_response(

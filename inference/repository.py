@@ -16,7 +16,15 @@ import numpy as np
 import orjson
 
 from inference.backends import Backend, create_backend
-from inference.batcher import BatchObserver, BatchPolicy, BatchTiming, DeliverFn, DynamicBatcher, Pending, QueuePolicy
+from inference.batcher import (
+    BatchObserver,
+    BatchPolicy,
+    BatchTiming,
+    DeliverFn,
+    DynamicBatcher,
+    Pending,
+    QueuePolicy,
+)
 from inference.config import ConfigError, ModelSpec, config_json_bytes, load_config
 from inference.errors import BackendError, InferenceError, ModelNotReady, NotFound
 from inference.stats import ModelStats
@@ -88,7 +96,9 @@ class ModelVersion:
         self.config_bytes = config_json_bytes(spec)
         self.output_specs = {t.name: t for t in spec.outputs}
 
-    def runner(self, backend: Backend) -> Callable[[list[Pending]], tuple[Sequence[Any], tuple[int, int, int]]]:
+    def runner(
+        self, backend: Backend
+    ) -> Callable[[list[Pending]], tuple[Sequence[Any], tuple[int, int, int]]]:
         import time
 
         spec = self.spec
@@ -143,7 +153,9 @@ class ModelVersion:
     def stats_observer(self) -> BatchObserver:
         stats = self.stats
 
-        def observe(index: int, batch: list[Pending], timing: BatchTiming, error: BaseException | None) -> None:
+        def observe(
+            index: int, batch: list[Pending], timing: BatchTiming, error: BaseException | None
+        ) -> None:
             if error is not None:
                 reason = error.reason if isinstance(error, InferenceError) else "BACKEND"
                 stats.record_failure(
@@ -184,8 +196,12 @@ class ModelEntry:
             "name": spec.name,
             "versions": [v.version for v in self.ready_versions],
             "platform": metadata_platform(spec),
-            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": [*lead, *t.dims]} for t in spec.inputs],
-            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": [*lead, *t.dims]} for t in spec.outputs],
+            "inputs": [
+                {"name": t.name, "datatype": t.datatype, "shape": [*lead, *t.dims]} for t in spec.inputs
+            ],
+            "outputs": [
+                {"name": t.name, "datatype": t.datatype, "shape": [*lead, *t.dims]} for t in spec.outputs
+            ],
         }
         self.metadata_bytes = orjson.dumps(doc)
 
@@ -235,7 +251,9 @@ class ModelRepository:
         available = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
         chosen = select_versions(spec, available)
         if not chosen:
-            entry.reason = f"{model_dir}: no version directory matches the version policy {spec.version_policy}"
+            entry.reason = (
+                f"{model_dir}: no version directory matches the version policy {spec.version_policy}"
+            )
         for v in chosen:
             mv = ModelVersion(spec, str(v), model_dir / str(v))
             entry.versions[mv.version] = mv
@@ -251,7 +269,7 @@ class ModelRepository:
             mv.backends = [
                 create_backend(spec, mv.version, mv.path, i, self.options) for i in range(spec.instance_count)
             ]
-        except Exception as exc:  # noqa: BLE001 - a broken model must not stop the others
+        except Exception as exc:  # a broken model must not stop the others
             mv.reason = f"failed to load: {type(exc).__name__}: {exc}"
             log.warning("model %s version %s %s", spec.name, mv.version, mv.reason)
             for b in mv.backends:
@@ -279,7 +297,7 @@ class ModelRepository:
                 for b in mv.backends:
                     try:
                         b.close()
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         log.exception("closing backend of %s/%s", entry.name, mv.version)
 
     def entry(self, name: str) -> ModelEntry:
@@ -312,7 +330,11 @@ class ModelRepository:
             if not entry.versions:
                 rows.append({"name": entry.name, "state": "UNAVAILABLE", "reason": entry.reason})
             for mv in sorted(entry.versions.values(), key=lambda v: int(v.version)):
-                row = {"name": entry.name, "version": mv.version, "state": "READY" if mv.ready else "UNAVAILABLE"}
+                row = {
+                    "name": entry.name,
+                    "version": mv.version,
+                    "state": "READY" if mv.ready else "UNAVAILABLE",
+                }
                 if not mv.ready:
                     row["reason"] = mv.reason
                 rows.append(row)

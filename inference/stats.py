@@ -120,13 +120,33 @@ _METRICS = (
     ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes"),
     ("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes"),
     ("nv_inference_count", "counter", "Number of inferences performed (does not include cached requests)"),
-    ("nv_inference_exec_count", "counter", "Number of model executions performed (does not include cached requests)"),
+    (
+        "nv_inference_exec_count",
+        "counter",
+        "Number of model executions performed (does not include cached requests)",
+    ),
     ("nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds"),
     ("nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds"),
-    ("nv_inference_compute_input_duration_us", "counter", "Cumulative compute input duration in microseconds"),
-    ("nv_inference_compute_infer_duration_us", "counter", "Cumulative compute inference duration in microseconds"),
-    ("nv_inference_compute_output_duration_us", "counter", "Cumulative inference compute output duration in microseconds"),
-    ("nv_inference_pending_request_count", "gauge", "Instantaneous number of pending requests awaiting execution per-model."),
+    (
+        "nv_inference_compute_input_duration_us",
+        "counter",
+        "Cumulative compute input duration in microseconds",
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "counter",
+        "Cumulative compute inference duration in microseconds",
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "counter",
+        "Cumulative inference compute output duration in microseconds",
+    ),
+    (
+        "nv_inference_pending_request_count",
+        "gauge",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+    ),
 )
 
 

@@ -30,7 +30,9 @@ class OnnxBackend:
         declared_in = {t.name for t in spec.inputs}
         actual_in = {i.name for i in self._session.get_inputs()}
         if declared_in != actual_in:
-            raise ValueError(f"{path}: config inputs {sorted(declared_in)} but the ONNX graph has {sorted(actual_in)}")
+            raise ValueError(
+                f"{path}: config inputs {sorted(declared_in)} but the ONNX graph has {sorted(actual_in)}"
+            )
         actual_out = {o.name for o in self._session.get_outputs()}
         missing = [t.name for t in spec.outputs if t.name not in actual_out]
         if missing:

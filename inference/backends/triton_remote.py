@@ -8,6 +8,7 @@ answers 503 within ``remote_timeout_s``.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,9 @@ class TritonRemoteBackend:
             )
         self._protocol = (spec.parameters.get("remote_protocol") or context.triton_protocol or "http").lower()
         if self._protocol not in {"http", "grpc"}:
-            raise ValueError(f"model '{spec.name}': remote_protocol must be http or grpc, got {self._protocol!r}")
+            raise ValueError(
+                f"model '{spec.name}': remote_protocol must be http or grpc, got {self._protocol!r}"
+            )
         self._model = spec.parameters.get("remote_model") or spec.name
         self._version = spec.parameters.get("remote_version", "")
         self._timeout_s = context.remote_timeout_s
@@ -41,7 +44,7 @@ class TritonRemoteBackend:
                 self._url, connection_timeout=self._timeout_s, network_timeout=self._timeout_s
             )
         else:
-            import tritonclient.grpc as client_mod  # type: ignore[no-redef]
+            import tritonclient.grpc as client_mod
 
             self._client = client_mod.InferenceServerClient(self._url)
         self._mod: Any = client_mod
@@ -67,30 +70,43 @@ class TritonRemoteBackend:
         try:
             if self._protocol == "grpc":
                 result = self._client.infer(
-                    self._model, infer_inputs, model_version=self._version, outputs=outs,
+                    self._model,
+                    infer_inputs,
+                    model_version=self._version,
+                    outputs=outs,
                     client_timeout=self._timeout_s,
                 )
             else:
-                result = self._client.infer(self._model, infer_inputs, model_version=self._version, outputs=outs)
-        except Exception as exc:  # noqa: BLE001 - classify below
+                result = self._client.infer(
+                    self._model, infer_inputs, model_version=self._version, outputs=outs
+                )
+        except Exception as exc:
             text = str(exc)
             if _is_unreachable(exc, text):
                 raise BackendUnavailable(
                     f"remote Triton at {self._url} is unavailable for model '{self._spec.name}': {text}"
                 ) from exc
-            raise InferenceError(f"remote Triton at {self._url} failed for model '{self._spec.name}': {text}") from exc
+            raise InferenceError(
+                f"remote Triton at {self._url} failed for model '{self._spec.name}': {text}"
+            ) from exc
         return {n: result.as_numpy(n) for n in self._outputs}
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # closing a dead connection is fine
             self._client.close()
-        except Exception:  # noqa: BLE001 - closing a dead connection is fine
-            pass
 
 
 def _is_unreachable(exc: BaseException, text: str) -> bool:
     markers = (
-        "Connection refused", "connection refused", "timed out", "Timeout", "timeout", "UNAVAILABLE",
-        "DEADLINE_EXCEEDED", "Failed to connect", "Name or service not known", "Connection reset",
+        "Connection refused",
+        "connection refused",
+        "timed out",
+        "Timeout",
+        "timeout",
+        "UNAVAILABLE",
+        "DEADLINE_EXCEEDED",
+        "Failed to connect",
+        "Name or service not known",
+        "Connection reset",
     )
     return isinstance(exc, (OSError, TimeoutError)) or any(m in text for m in markers)

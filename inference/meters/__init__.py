@@ -4,11 +4,15 @@ Quick use::
 
     from inference.meters import detect_meters
 
-    for meter, why in detect_meters(triton_url=None):
-        log.info("%s: %s", meter.device_id, why)
+    meters = detect_meters(triton_url=None)
+    for meter, why in meters:
+        logger.info("energy meter %s: %s", meter.device_id, why)
         meter.start()
-    before = meter.read(); ...; after = meter.read()
-    joules = after.delta_j(before)
+
+    meter, _ = meters[0]
+    before = meter.read()
+    ...  # serve the request
+    joules = meter.read().delta_j(before)
 
 Meter modules that need optional libraries (pynvml) import them lazily, so
 importing this package is always cheap and safe.

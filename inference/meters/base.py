@@ -26,15 +26,16 @@ MeterMethod = Literal["nvml-counter", "nvml-power-integration", "rapl", "triton"
 #: energy) per measurement method. These are engineering estimates meant to be
 #: carried into carbon figures as error bars, not calibrated values:
 #:
-#: * ``nvml-counter`` 5 %: NVIDIA documents board power readings as accurate to
-#:   about +/-5 % of the reading; the energy counter integrates the same sensor.
+#: * ``nvml-counter`` 5 %: NVML's documentation gives +/-5 % of the current draw
+#:   for its power readings (nvidia-smi quotes +/-5 W on newer boards); the
+#:   energy counter is fed by the same board sensor.
 #: * ``nvml-power-integration`` 10 %: the same +/-5 % sensor error plus sampling
 #:   error (short bursts between samples are missed, and on recent drivers the
 #:   reported power is itself an average over up to ~1 s, which smears edges).
-#: * ``rapl`` 5 %: RAPL on recent Intel/AMD parts is measured rather than
-#:   modelled and published comparisons with wall meters show errors of a few
-#:   percent for the package/DRAM domains it covers (it does not cover the PSU,
-#:   fans or disks).
+#: * ``rapl`` 5 %: since Haswell (and on AMD Zen) RAPL is measured rather than
+#:   modelled, and validation studies report close agreement with external
+#:   measurements for the package/DRAM domains it covers. It does not cover the
+#:   PSU, fans, disks or NICs, which is why wall power is higher.
 #: * ``triton`` 10 %: the Triton server derives it from the NVML counter but only
 #:   refreshes it every metrics interval (2 s by default), so attribution of a
 #:   short request to the right interval is coarse.

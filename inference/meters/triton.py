@@ -67,9 +67,14 @@ def _parse_labels(line: str, pos: int, line_no: int) -> tuple[dict[str, str], in
         pos = m.end()
         while pos < n and line[pos] in " \t":
             pos += 1
-        if line[pos : pos + 2] != '="':
-            raise PrometheusParseError(line_no, line, f'expected =" after label {name}')
-        pos += 2
+        if pos >= n or line[pos] != "=":
+            raise PrometheusParseError(line_no, line, f"expected = after label {name}")
+        pos += 1
+        while pos < n and line[pos] in " \t":
+            pos += 1
+        if pos >= n or line[pos] != '"':
+            raise PrometheusParseError(line_no, line, f'expected " to open the value of label {name}')
+        pos += 1
         chars: list[str] = []
         while True:
             if pos >= n:

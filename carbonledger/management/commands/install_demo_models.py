@@ -11,7 +11,9 @@ DEMO_REPOSITORY = Path(__file__).resolve().parents[3] / "inference" / "demo_repo
 
 
 class Command(BaseCommand):
-    help = "Copy the demo models (digits, digits_int8, linear) into MODEL_REPOSITORY; existing models are kept."
+    help = (
+        "Copy the demo models (digits, digits_int8, linear) into MODEL_REPOSITORY; existing models are kept."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--target", default="", help="defaults to MODEL_REPOSITORY")

@@ -1,0 +1,49 @@
+"""Run an ASGI app under uvicorn on a free loopback port, in a thread of the test process."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def serve_asgi(app: Any, timeout_s: float = 30.0) -> Iterator[str]:
+    """Yield ``host:port`` once the app's lifespan start-up has completed."""
+    port = free_port()
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        loop="asyncio",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the test server exited during start-up")
+        if time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start in time")
+        time.sleep(0.01)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout_s)
