@@ -129,8 +129,9 @@ def _ints_as_numbers(message: Message, data: dict[str, Any]) -> dict[str, Any]:
             if fd.message_type.GetOptions().map_entry:
                 value_fd = fd.message_type.fields_by_name["value"]
                 if value_fd.type == FieldDescriptor.TYPE_MESSAGE:
-                    for k in list(data[key]):
-                        data[key][k] = _ints_as_numbers(value[k], data[key][k])
+                    # JSON map keys are strings; the protobuf map may be keyed by integers.
+                    for mk, mv in value.items():
+                        data[key][str(mk)] = _ints_as_numbers(mv, data[key][str(mk)])
                 elif value_fd.type in _INT64_TYPES:
                     data[key] = {k: int(v) for k, v in data[key].items()}
             elif fd.is_repeated:

@@ -117,26 +117,23 @@ def _decode_bytes_elements(buf: memoryview, count: int, name: str, rid: str | No
     return out
 
 
-def _flatten_json(data: Any) -> list[Any]:
+def _flatten_json(data: Any, name: str, rid: str | None) -> list[Any]:
+    """Flatten row-major nested lists, refusing ragged nesting (rows of different lengths)."""
     if not isinstance(data, list):
         return [data]
-    if data and isinstance(data[0], list):
-        flat: list[Any] = []
-        stack = [iter(data)]
-        while stack:
-            for item in stack[-1]:
-                if isinstance(item, list):
-                    stack.append(iter(item))
-                    break
-                flat.append(item)
-            else:
-                stack.pop()
-        return flat
-    return data
+    level: list[Any] = data
+    while level and isinstance(level[0], list):
+        width = len(level[0])
+        if any(not isinstance(row, list) or len(row) != width for row in level):
+            raise InvalidInput(
+                f"{_prefix(rid)}input '{name}': nested 'data' is ragged (rows of different lengths)"
+            )
+        level = [item for row in level for item in row]
+    return level
 
 
 def _json_tensor(data: Any, datatype: str, count: int, name: str, rid: str | None) -> np.ndarray[Any, Any]:
-    flat = _flatten_json(data)
+    flat = _flatten_json(data, name, rid)
     if len(flat) != count:
         raise InvalidInput(
             f"{_prefix(rid)}input '{name}': shape needs {count} elements but 'data' has {len(flat)}"
@@ -158,6 +155,9 @@ def _json_tensor(data: Any, datatype: str, count: int, name: str, rid: str | Non
             return np.array(flat, dtype=np.bool_)
         if any(isinstance(v, (str, bool, type(None), dict, list)) for v in flat):
             raise InvalidInput(f"{_prefix(rid)}input '{name}': {datatype} data must be numbers")
+        if datatype[0] in "IU" and any(isinstance(v, float) for v in flat):
+            # numpy would truncate 1.5 to 1 without a word; Triton refuses it.
+            raise InvalidInput(f"{_prefix(rid)}input '{name}': {datatype} data must be integers")
         arr = np.array(flat, dtype=DTYPES[datatype])
     except (ValueError, OverflowError, TypeError) as exc:
         raise InvalidInput(f"{_prefix(rid)}input '{name}': data does not fit {datatype}: {exc}") from None
@@ -402,6 +402,9 @@ def encode_response(
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
+            want_dtype = DTYPES[tspec.datatype]
+            if tspec.datatype not in ("BYTES", "BF16") and arr.dtype != want_dtype:
+                arr = arr.astype(want_dtype)  # the same values the binary form would carry
             entry["data"] = _json_data(arr, tspec.datatype)
         out_docs.append(entry)
     doc["outputs"] = out_docs

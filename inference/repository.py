@@ -6,7 +6,9 @@ still load. Each ready version owns one DynamicBatcher and one backend per insta
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,7 @@ from inference.errors import BackendError, InferenceError, ModelNotReady, NotFou
 from inference.stats import ModelStats
 
 log = logging.getLogger(__name__)
+_VERSION_DIR = re.compile(r"[0-9]+")
 
 
 @dataclass
@@ -247,8 +250,13 @@ class ModelRepository:
             batch_policy(spec, self.options.adaptive_delay)  # validates model-level parameters
         except (ConfigError, ValueError) as exc:
             return ModelEntry(model_dir.name, None, str(exc))
+        except Exception as exc:  # a config the schema accepts but we trip on must not stop the others
+            log.exception("model %s: unexpected error reading its config", model_dir.name)
+            return ModelEntry(model_dir.name, None, f"{type(exc).__name__}: {exc}")
         entry = ModelEntry(spec.name, spec)
-        available = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+        available = [
+            int(p.name) for p in model_dir.iterdir() if p.is_dir() and _VERSION_DIR.fullmatch(p.name)
+        ]
         chosen = select_versions(spec, available)
         if not chosen:
             entry.reason = (
@@ -265,17 +273,18 @@ class ModelRepository:
 
     def _load_version(self, mv: ModelVersion) -> None:
         spec = mv.spec
+        created: list[Backend] = []
         try:
-            mv.backends = [
-                create_backend(spec, mv.version, mv.path, i, self.options) for i in range(spec.instance_count)
-            ]
+            for i in range(spec.instance_count):
+                created.append(create_backend(spec, mv.version, mv.path, i, self.options))
         except Exception as exc:  # a broken model must not stop the others
             mv.reason = f"failed to load: {type(exc).__name__}: {exc}"
             log.warning("model %s version %s %s", spec.name, mv.version, mv.reason)
-            for b in mv.backends:
-                b.close()
-            mv.backends = []
+            for b in created:  # instances built before the failing one still hold resources
+                with contextlib.suppress(Exception):
+                    b.close()
             return
+        mv.backends = created
         observers = [mv.stats_observer(), *(f(mv) for f in self._observer_factories)]
         backends = mv.backends
         mv.batcher = DynamicBatcher(

@@ -1,0 +1,919 @@
+"""Compare our inference gateway with a real Triton 2.51 on the same machine, in one run.
+
+Usage (from the repository root)::
+
+    .venv/bin/python bench/compare_triton.py            # full run, about 5-7 minutes
+    .venv/bin/python bench/compare_triton.py --quick    # smoke run, about 1-2 minutes
+
+What it does, in this order:
+
+1. installs tritonserver 2.51 and perf_analyzer 2.41 with ``../shared/triton-reference/setup.sh`` into a
+   cache folder (``var/triton`` by default, reused when already there; ``--triton-dir``);
+2. builds a model repository for our gateway (``linear`` copied from ``inference/demo_repository``, and
+   ``linear_nobatch``: the same without ``dynamic_batching``), a throw-away SQLite database with an
+   organization and an API key, and starts the real Triton (on ``../shared/triton-reference/models``)
+   and our gateway (``manage.py serve``) on free loopback ports, both at once, and waits until both are ready;
+3. checks that both servers answer the same ``y = x @ W + b`` as a numpy reference (JSON protocol);
+4. drives each server with Triton's own C++ load generator, perf_analyzer (closed loop, HTTP, binary
+   tensors, batch 1 per request), on every model and concurrency, alternating which server goes first
+   from one configuration to the next (ABBA) so slow drift of the shared machine hits both alike.
+   perf_analyzer validates every response byte for byte against ``validation_data`` (one-hot inputs,
+   whose outputs are exact in float32 whatever the batch), so a wrong or mixed-up row is an error;
+5. stops both servers (SIGTERM to their process groups, SIGKILL after a grace period; also at exit and
+   on SIGTERM/SIGINT), writes the raw results to ``bench/results/compare_triton-<UTC>.json`` and
+   ``bench/results/compare_triton-latest.json`` and prints a markdown table.
+
+Stability: perf_analyzer's default criterion (average latency and throughput of the last three windows
+within ``--stability-percentage``); p50/p99 are read from its report, which merges those windows.
+Stabilizing on p99 (``--percentile=99``) was tried and failed to converge within 4-6 windows for both
+servers on this shared 2-core machine; ``--stability-percentile 99`` switches to it. A configuration that
+does not stabilize is run once more if the time budget allows; otherwise the mean throughput of its last
+passes is recorded, marked unstable, without percentiles.
+
+Exit status: 0 when every measurement ran without errors, 1 when perf_analyzer reported an error (such as
+a response that failed validation) or a measurement failed, 2 when set-up failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import json
+import os
+import platform
+import random
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared" / "triton-reference"
+DEMO_LINEAR = REPO / "inference" / "demo_repository" / "linear"
+RESULTS_DIR = REPO / "bench" / "results"
+SERVERS = ("triton", "ours")
+DEFAULT_MODELS = ("linear", "linear_nobatch")
+DEFAULT_CONCURRENCY = (1, 8, 32)
+# Environment variables that would make the two servers run different work or touch shared state.
+SCRUBBED_ENV = ("PROBE_SLEEP_MS", "DATABASE_URL", "CELERY_BROKER_URL", "TRITON_URL", "PORT", "LD_PRELOAD")
+
+
+class SetupError(RuntimeError):
+    """Something the benchmark needs could not be prepared; the message says what and where to look."""
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# -- processes --------------------------------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Fields after the command name, which is in parentheses and may itself contain spaces.
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def _pids_in_group(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _proc_stat(int(entry))
+            if fields is not None and int(fields[2]) == pgid:
+                pids.append(int(entry))
+    return pids
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of the live processes in a process group (plus their reaped children)."""
+    total = 0
+    for pid in _pids_in_group(pgid):
+        fields = _proc_stat(pid)
+        if fields is not None:
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14))
+    return total / CLK_TCK
+
+
+def machine_busy_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies over all CPUs from /proc/stat."""
+    parts = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
+    total = sum(parts[:8])
+    return total - idle, total
+
+
+def children_cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    version: str = "?"
+    stopped_by: str = ""
+
+    def start(self) -> None:
+        log(f"starting {self.name} on 127.0.0.1:{self.port}")
+        with self.log_path.open("wb") as out:
+            # Own session and process group: the whole tree (Triton's python-backend stubs too) can be
+            # signalled at once, and a Ctrl-C in the terminal reaches only this script.
+            self.proc = subprocess.Popen(
+                self.argv,
+                cwd=REPO,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        _LIVE.append(self)
+
+    @property
+    def pgid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+                self.stopped_by = "SIGTERM"
+            except subprocess.TimeoutExpired:
+                self.stopped_by = "SIGKILL"
+        else:
+            self.stopped_by = f"exited earlier (status {self.proc.returncode})"
+        # Whatever is left in the group (a stub that outlived its server, or everything after the grace
+        # period) is killed.
+        leftovers = _pids_in_group(self.pgid)
+        if leftovers:
+            if self.stopped_by == "SIGTERM":
+                self.stopped_by = f"SIGTERM, then SIGKILL for {len(leftovers)} leftover process(es)"
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        if self in _LIVE:
+            _LIVE.remove(self)
+        log(f"stopped {self.name}: {self.stopped_by}")
+
+
+_LIVE: list[Server] = []
+_LIVE_CLIENTS: list[subprocess.Popen[bytes]] = []
+
+
+def _cleanup() -> None:
+    for proc in list(_LIVE_CLIENTS):
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    for server in list(_LIVE):
+        server.stop(grace_s=8.0)
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    # Turn SIGTERM/SIGHUP into a normal exit so that finally blocks and atexit stop the servers.
+    raise SystemExit(128 + signum)
+
+
+# -- HTTP -------------------------------------------------------------------------------------------------
+
+
+def http(
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 5.0,
+) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def wait_ready(server: Server, headers: dict[str, str], models: list[str], timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    base = f"http://127.0.0.1:{server.port}"
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise SetupError(
+                f"{server.name} exited during start-up (status {server.proc.returncode if server.proc else '?'}); "
+                f"last lines of {server.log_path}:\n{tail(server.log_path)}"
+            )
+        try:
+            status, _ = http("GET", f"{base}/v2/health/ready", timeout=2.0)
+            if status == 200 and all(
+                http("GET", f"{base}/v2/models/{m}/ready", headers=headers, timeout=2.0)[0] == 200
+                for m in models
+            ):
+                status, body = http("GET", f"{base}/v2", headers=headers)
+                if status == 200:
+                    server.version = json.loads(body).get("version", "?")
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.25)
+    raise SetupError(
+        f"{server.name} was not ready within {timeout_s:.0f} s; last lines of {server.log_path}:\n"
+        f"{tail(server.log_path)}"
+    )
+
+
+def free_port_block(n: int) -> int:
+    """A port P such that P .. P+n-1 are all free on 127.0.0.1 right now."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 60000 - n)
+        socks: list[socket.socket] = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise SetupError("found no free block of loopback ports")
+
+
+# -- set-up -----------------------------------------------------------------------------------------------
+
+
+def ensure_triton(triton_dir: Path) -> dict[str, str]:
+    """Install Triton + perf_analyzer with the shared setup.sh unless triton_dir already holds them."""
+    pa = triton_dir / "perf_analyzer"
+    needed = [pa, triton_dir / "pa_libs" / "libb64.so.0d", triton_dir / "venv" / "bin" / "python"]
+    if all(p.exists() for p in needed) and list(triton_dir.glob("venv/lib/python3*/site-packages/pytriton")):
+        log(f"reusing Triton + perf_analyzer in {triton_dir}")
+    else:
+        setup = SHARED / "setup.sh"
+        if not setup.exists():
+            raise SetupError(f"{setup} is missing: the shared Triton reference is needed to install Triton")
+        triton_dir.mkdir(parents=True, exist_ok=True)
+        setup_log = triton_dir / "setup.log"
+        log(f"installing Triton 2.51 + perf_analyzer 2.41 into {triton_dir} (about 30 s; log {setup_log})")
+        env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+        try:
+            with setup_log.open("wb") as out:
+                rc = subprocess.run(
+                    ["bash", str(setup), str(triton_dir)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    timeout=600,
+                ).returncode
+        except subprocess.TimeoutExpired:
+            raise SetupError(f"setup.sh took over 10 minutes; see {setup_log}") from None
+        missing = [str(p) for p in needed if not p.exists()]
+        if rc != 0 or missing:
+            raise SetupError(
+                f"setup.sh failed (status {rc}{', missing ' + ', '.join(missing) if missing else ''}); "
+                f"last lines of {setup_log}:\n{tail(setup_log)}\n"
+                "It needs python3 with venv, and pip access to nvidia-pytriton==0.7.0 and tritonclient==2.41.0."
+            )
+    pa_env = dict(os.environ, LD_LIBRARY_PATH=str(triton_dir / "pa_libs"))
+    probe = subprocess.run([str(pa), "--help"], capture_output=True, env=pa_env, timeout=30)
+    help_text = (probe.stdout + probe.stderr).decode(errors="replace")
+    if "-H <HTTP header>" not in help_text:
+        raise SetupError(
+            f"{pa} does not run or has no -H option (needed for the Authorization header); output:\n"
+            f"{help_text[-2000:]}"
+        )
+    wheel = next(iter(sorted(triton_dir.glob("dl/tritonclient-*.whl"))), None)
+    pa_version = wheel.name.split("-")[1] if wheel else "?"
+    tpy = subprocess.run(
+        [str(triton_dir / "venv" / "bin" / "python"), "-c", "import sys; print(sys.version.split()[0])"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.strip()
+    return {"perf_analyzer_version": pa_version, "triton_venv_python": tpy}
+
+
+def reference_weights() -> tuple[Any, Any]:
+    """W and b of the reference model (../shared/triton-reference/models/linear/1/model.py)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((256, 256), dtype=np.float32) / 16.0
+    b = rng.standard_normal((256,), dtype=np.float32)
+    return w, b
+
+
+def write_validation_data(path: Path, steps: int = 17) -> None:
+    """perf_analyzer input data: one-hot rows (scaled by 1, 2 or 4) with their exact expected outputs.
+
+    x = s * e_k gives y = s * W[k] + b exactly in float32, whatever BLAS kernel or batch size computes it,
+    so perf_analyzer can compare the response bytes. Every step has a different k: a row delivered to the
+    wrong request fails. The step count is prime so that every perf_analyzer thread (each advances by the
+    number of threads) cycles through all steps.
+    """
+    import numpy as np
+
+    w, b = reference_weights()
+    data, expected = [], []
+    for i in range(steps):
+        k = (i * 15 + 3) % 256
+        x = np.zeros(256, np.float32)
+        x[k] = float(2 ** (i % 3))
+        y = (x @ w + b).astype(np.float32)
+        assert np.array_equal(y, (x[k] * w[k] + b).astype(np.float32))
+        data.append({"x": {"content": [float(v) for v in x], "shape": [256]}})
+        expected.append({"y": {"content": [float(v) for v in y], "shape": [256]}})
+    path.write_text(json.dumps({"data": data, "validation_data": expected}))
+
+
+def build_our_repository(root: Path, models: list[str]) -> None:
+    if not (DEMO_LINEAR / "config.pbtxt").exists():
+        raise SetupError(f"{DEMO_LINEAR} is missing")
+    shutil.copytree(DEMO_LINEAR, root / "linear")
+    nobatch = root / "linear_nobatch"
+    (nobatch / "1").mkdir(parents=True)
+    shutil.copy2(DEMO_LINEAR / "1" / "model.py", nobatch / "1" / "model.py")
+    config = (DEMO_LINEAR / "config.pbtxt").read_text()
+    config, n = re.subn(r'^name:\s*"linear"\s*$', 'name: "linear_nobatch"', config, count=1, flags=re.M)
+    config, m = re.subn(r"^dynamic_batching\s*\{.*?^\}\s*$\n?", "", config, count=1, flags=re.M | re.S)
+    if n != 1 or m != 1:
+        raise SetupError(
+            f"could not derive linear_nobatch from {DEMO_LINEAR / 'config.pbtxt'} (layout changed?)"
+        )
+    (nobatch / "config.pbtxt").write_text(config)
+    for name in models:
+        if not (root / name / "config.pbtxt").exists():
+            raise SetupError(f"model {name!r} is not one this benchmark builds ({', '.join(DEFAULT_MODELS)})")
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    if proc.returncode != 0:
+        raise SetupError(
+            f"manage.py {' '.join(args)} failed (status {proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
+    return proc.stdout
+
+
+def check_answers(servers: list[Server], headers: dict[str, str], models: list[str]) -> dict[str, Any]:
+    """JSON-protocol inference on random rows, compared with numpy and between the servers."""
+    import numpy as np
+
+    w, b = reference_weights()
+    x = np.random.default_rng(1).standard_normal((3, 256), dtype=np.float32)
+    ref = x.astype(np.float64) @ w.astype(np.float64) + b
+    body = json.dumps(
+        {"inputs": [{"name": "x", "shape": [3, 256], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    ).encode()
+    out: dict[str, Any] = {}
+    answers: dict[tuple[str, str], Any] = {}
+    for server in servers:
+        for model in models:
+            url = f"http://127.0.0.1:{server.port}/v2/models/{model}/infer"
+            status, raw = http("POST", url, body, {**headers, "Content-Type": "application/json"}, timeout=10)
+            if status != 200:
+                raise SetupError(f"{server.name} answered {status} to a JSON infer on {model}: {raw[:500]!r}")
+            doc = json.loads(raw)
+            y = np.asarray(next(o for o in doc["outputs"] if o["name"] == "y")["data"], np.float32).reshape(
+                3, 256
+            )
+            err = float(np.max(np.abs(y - ref)))
+            if err > 1e-3:
+                raise SetupError(f"{server.name} computes a different {model}: max |y - reference| = {err:g}")
+            answers[(server.name, model)] = y
+            out[f"{server.name}/{model}/max_abs_err_vs_numpy"] = err
+    for model in models:
+        if ("triton", model) in answers and ("ours", model) in answers:
+            diff = np.abs(answers[("triton", model)] - answers[("ours", model)])
+            out[f"{model}/max_abs_diff_triton_vs_ours"] = float(np.max(diff))
+    return out
+
+
+# -- perf_analyzer ----------------------------------------------------------------------------------------
+
+_PASS_RE = re.compile(r"Pass \[(\d+)\] throughput: ([\d.]+) infer/sec\. (.*)")
+_NUM = r"([\d.]+)"
+
+
+def _grab(pattern: str, text: str) -> float | None:
+    m = re.search(pattern, text)
+    return float(m.group(1)) if m else None
+
+
+def parse_perf_analyzer(stdout: str, csv_path: Path) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    passes: list[dict[str, Any]] = []
+    for m in _PASS_RE.finditer(stdout):
+        lat = _grab(r"latency: (\d+) usec", m.group(3))
+        passes.append({"pass": int(m.group(1)), "throughput": float(m.group(2)), "latency_us": lat})
+    res["passes"] = passes
+    res["stable"] = "Failed to obtain stable measurement" not in stdout
+    res["errors"] = sorted(set(re.findall(r"Thread \[\d+\] had error: (.*)", stdout)))
+    for line in stdout.splitlines():
+        low = line.lower()
+        if (
+            ("error" in low or "failed" in low)
+            and "had error" not in line
+            and line.strip() not in res["errors"]
+        ):
+            res.setdefault("error_lines", []).append(line.strip())
+    if csv_path.exists():
+        rows = csv_path.read_text().strip().splitlines()
+        if len(rows) >= 2:
+            head = rows[0].split(",")
+            vals = rows[1].split(",")
+            row = dict(zip(head, vals, strict=False))
+            res["csv"] = row
+            res["throughput"] = float(row["Inferences/Second"])
+            for p in ("p50", "p90", "p95", "p99"):
+                res[f"{p}_ms"] = float(row[f"{p} latency"]) / 1000.0
+    res["avg_latency_ms"] = (lambda v: v / 1000.0 if v is not None else None)(
+        _grab(rf"Avg latency: {_NUM} usec", stdout)
+    )
+    res["client_request_count"] = _grab(rf"Request count: {_NUM}", stdout)
+    res["server_inference_count"] = _grab(rf"Inference count: {_NUM}", stdout)
+    res["server_execution_count"] = _grab(rf"Execution count: {_NUM}", stdout)
+    res["server_success_count"] = _grab(rf"Successful request count: {_NUM}", stdout)
+    if res["server_inference_count"] and res["server_execution_count"]:
+        res["avg_batch_size"] = res["server_inference_count"] / res["server_execution_count"]
+    if "throughput" not in res and passes:
+        # Unstable: report the mean of the last three passes, without percentiles.
+        last = passes[-3:]
+        res["throughput"] = statistics.fmean(p["throughput"] for p in last)
+        res["throughput_from"] = f"mean of the last {len(last)} passes (unstable)"
+    return res
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    triton_dir: Path
+    work: Path
+    key: str
+    input_data: Path
+    started: float
+    budget_s: float
+    servers: list[Server] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    def perf_analyzer(self, server: Server, model: str, concurrency: int, attempt: int) -> dict[str, Any]:
+        a = self.args
+        tag = f"{server.name}-{model}-c{concurrency}-a{attempt}"
+        csv_path = self.work / f"{tag}.csv"
+        argv = [
+            str(self.triton_dir / "perf_analyzer"),
+            "-m", model,
+            "-u", f"127.0.0.1:{server.port}",
+            "-i", "http",
+            "-b", "1",
+            "--concurrency-range", f"{concurrency}:{concurrency}",
+            "--measurement-interval", str(a.measurement_interval),
+            "--max-trials", str(a.max_trials),
+            "--stability-percentage", str(a.stability_percentage),
+            "--input-data", str(self.input_data),
+            "-f", str(csv_path),
+            "-v",
+        ]  # fmt: skip
+        if a.stability_percentile:
+            argv.append(f"--percentile={a.stability_percentile}")
+        if server.name == "ours":
+            argv += ["-H", f"Authorization: Bearer {self.key}"]
+        env = dict(os.environ, LD_LIBRARY_PATH=str(self.triton_dir / "pa_libs"))
+        limit = (a.max_trials + 2) * a.measurement_interval / 1000.0 + 30.0
+        busy0, total0 = machine_busy_ticks()
+        srv0 = {s.name: group_cpu_seconds(s.pgid) for s in self.servers}
+        cli0 = children_cpu_seconds()
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        _LIVE_CLIENTS.append(proc)
+        try:
+            raw, _ = proc.communicate(timeout=limit)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raw, _ = proc.communicate()
+            timed_out = True
+        finally:
+            _LIVE_CLIENTS.remove(proc)
+        wall = time.monotonic() - t0
+        busy1, total1 = machine_busy_ticks()
+        stdout = raw.decode(errors="replace")
+        (self.work / f"{tag}.out").write_text(stdout)
+        res = parse_perf_analyzer(stdout, csv_path)
+        cores = os.cpu_count() or 1
+        res.update(
+            server=server.name,
+            model=model,
+            concurrency=concurrency,
+            attempt=attempt,
+            returncode=proc.returncode,
+            timed_out=timed_out,
+            wall_s=round(wall, 2),
+            command=" ".join(argv).replace(self.key, "<key>"),
+            perf_analyzer_cpu_cores=round((children_cpu_seconds() - cli0) / wall, 3),
+            server_cpu_cores={
+                s.name: round((group_cpu_seconds(s.pgid) - srv0[s.name]) / wall, 3) for s in self.servers
+            },
+            machine_busy_cores=round(cores * (busy1 - busy0) / max(1, total1 - total0), 3),
+        )
+        # Keep the report part of the output (not the model config -v prints first).
+        marker = stdout.find("*** Measurement Settings ***")
+        res["stdout"] = stdout[marker:] if marker >= 0 else stdout[-4000:]
+        if timed_out:
+            res["errors"].append(f"perf_analyzer ran past {limit:.0f} s and was killed")
+        elif proc.returncode != 0 and res["stable"] and not res["errors"]:
+            res["errors"].append(f"perf_analyzer exited with status {proc.returncode}")
+        if not server.alive():
+            res["errors"].append(f"{server.name} died during the run; see {server.log_path}")
+        return res
+
+    def measure(self, server: Server, model: str, concurrency: int) -> dict[str, Any]:
+        a = self.args
+        per_run = a.max_trials * a.measurement_interval / 1000.0 + 5.0
+        attempt = 1
+        while True:
+            res = self.perf_analyzer(server, model, concurrency, attempt)
+            self.runs.append(res)
+            elapsed = time.monotonic() - self.started
+            if res["errors"] or res["stable"] or attempt > a.retries or elapsed + per_run > self.budget_s:
+                break
+            log(f"  {server.name} {model} c={concurrency} did not stabilize; running it again")
+            attempt += 1
+        what = (
+            f"{res.get('throughput', float('nan')):.0f}/s p50 {res.get('p50_ms', float('nan')):.2f} ms "
+            f"p99 {res.get('p99_ms', float('nan')):.2f} ms"
+        )
+        flag = "" if res["stable"] else " (UNSTABLE)"
+        errs = f" ERRORS: {res['errors']}" if res["errors"] else ""
+        log(f"  {server.name:6s} {model} c={concurrency}: {what}{flag}{errs} [{res['wall_s']:.0f} s]")
+        return res
+
+
+# -- report -----------------------------------------------------------------------------------------------
+
+
+def _fmt(v: float | None, digits: int = 1) -> str:
+    return "n/a" if v is None else f"{v:,.{digits}f}"
+
+
+def summarize(
+    runs: list[dict[str, Any]], models: list[str], concurrencies: list[int]
+) -> list[dict[str, Any]]:
+    final: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for r in runs:
+        final[(r["server"], r["model"], r["concurrency"])] = r  # last attempt wins
+    rows = []
+    for model in models:
+        for c in concurrencies:
+            t = final.get(("triton", model, c), {})
+            o = final.get(("ours", model, c), {})
+            row: dict[str, Any] = {"model": model, "concurrency": c}
+            for name, r in (("triton", t), ("ours", o)):
+                for k in ("throughput", "p50_ms", "p99_ms", "avg_batch_size"):
+                    row[f"{name}_{k}"] = r.get(k)
+                row[f"{name}_stable"] = r.get("stable", False)
+                row[f"{name}_errors"] = r.get("errors", ["not measured"])
+                row[f"{name}_server_cpu_cores"] = r.get("server_cpu_cores", {}).get(name)
+            tt, ot = row["triton_throughput"], row["ours_throughput"]
+            tp, op = row["triton_p99_ms"], row["ours_p99_ms"]
+            row["throughput_ratio"] = ot / tt if tt and ot else None
+            row["p99_ratio"] = op / tp if tp and op else None
+            rows.append(row)
+    return rows
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    out = [
+        "| model | concurrency | Triton infer/s | Triton p50 ms | Triton p99 ms "
+        "| ours infer/s | ours p50 ms | ours p99 ms | throughput ours/Triton | p99 ours/Triton |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        cells = [r["model"], str(r["concurrency"])]
+        for name in SERVERS:
+            mark = "" if r[f"{name}_stable"] else " (unstable)"
+            if r[f"{name}_errors"]:
+                mark += " (errors)"
+            cells += [
+                _fmt(r[f"{name}_throughput"], 0) + mark,
+                _fmt(r[f"{name}_p50_ms"], 2),
+                _fmt(r[f"{name}_p99_ms"], 2),
+            ]
+        cells += [
+            "n/a" if r["throughput_ratio"] is None else f"{r['throughput_ratio']:.2f}x",
+            "n/a" if r["p99_ratio"] is None else f"{r['p99_ratio']:.2f}x",
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets: throughput >= Triton's at concurrency 8 and 32, p99 <= Triton's."""
+    checks = []
+    for r in rows:
+        if r["concurrency"] in (8, 32):
+            checks.append(
+                {
+                    "model": r["model"],
+                    "concurrency": r["concurrency"],
+                    "throughput_at_least_triton": None
+                    if r["throughput_ratio"] is None
+                    else r["throughput_ratio"] >= 1.0,
+                    "p99_at_most_triton": None if r["p99_ratio"] is None else r["p99_ratio"] <= 1.0,
+                }
+            )
+    aim = next(
+        (r["throughput_ratio"] for r in rows if r["model"] == "linear" and r["concurrency"] == 32), None
+    )
+    return {"checks": checks, "architecture_aim_linear_c32_ratio": 1.8, "linear_c32_ratio": aim}
+
+
+def machine_info() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    cpu_model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    dirty = [line for line in git("status", "--porcelain", "--untracked-files=no").splitlines() if line]
+    return {
+        "nproc": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu_model,
+        "loadavg_at_start": os.getloadavg(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_modified_tracked_files": dirty,
+    }
+
+
+# -- main -------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument(
+        "--triton-dir", type=Path, default=REPO / "var" / "triton", help="install cache (default var/triton)"
+    )
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 s windows, at most 3 per measurement")
+    p.add_argument(
+        "--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCY)), help="comma list (default 1,8,32)"
+    )
+    p.add_argument(
+        "--models", default=",".join(DEFAULT_MODELS), help="comma list (default linear,linear_nobatch)"
+    )
+    p.add_argument(
+        "--measurement-interval", type=int, default=None, help="ms per window (default 5000; quick 1000)"
+    )
+    p.add_argument(
+        "--max-trials", type=int, default=None, help="windows per measurement (default 6; quick 3)"
+    )
+    p.add_argument("--stability-percentage", type=int, default=20)
+    p.add_argument(
+        "--stability-percentile",
+        type=int,
+        default=None,
+        help="stabilize on this latency percentile (e.g. 99)",
+    )
+    p.add_argument("--retries", type=int, default=1, help="re-runs of a measurement that did not stabilize")
+    p.add_argument(
+        "--time-budget", type=float, default=540.0, help="seconds; no re-runs past it (default 540)"
+    )
+    p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    p.add_argument(
+        "--keep-work", action="store_true", help="keep the temporary folder (logs, perf_analyzer output)"
+    )
+    args = p.parse_args(argv)
+    args.measurement_interval = args.measurement_interval or (1000 if args.quick else 5000)
+    args.max_trials = args.max_trials or (3 if args.quick else 6)
+    try:
+        args.concurrency_list = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        p.error(f"--concurrency must be a comma-separated list of integers, got {args.concurrency!r}")
+    if not args.concurrency_list or min(args.concurrency_list) < 1:
+        p.error("--concurrency needs at least one value, each >= 1")
+    args.model_list = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = set(args.model_list) - set(DEFAULT_MODELS)
+    if unknown or not args.model_list:
+        p.error(f"--models: choose among {', '.join(DEFAULT_MODELS)}")
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    triton_dir = args.triton_dir.resolve()
+    work = Path(tempfile.mkdtemp(prefix="compare_triton-"))
+    meta: dict[str, Any] = {"started_utc": stamp, **machine_info()}
+    log(f"work folder {work}")
+    servers: list[Server] = []
+    try:
+        meta.update(ensure_triton(triton_dir))
+        # Our gateway: its own repository, database and key.
+        models_dir = work / "models"
+        models_dir.mkdir()
+        build_our_repository(models_dir, args.model_list)
+        env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+        env.update(
+            CARBONLEDGER_VAR_DIR=str(work / "var"),
+            MODEL_REPOSITORY=str(models_dir),
+            PYTHONUNBUFFERED="1",
+        )
+        log("preparing our gateway: migrate, organization, API key")
+        manage(env, "migrate", "--noinput")
+        manage(env, "create_organization", "bench")
+        key = (
+            manage(env, "create_api_key", "bench", "--scopes", "infer,read").strip().splitlines()[-1].strip()
+        )
+        if not key or " " in key:
+            raise SetupError(f"could not read the API key from create_api_key's output: {key!r}")
+        input_data = work / "validation_data.json"
+        write_validation_data(input_data)
+
+        t_port = free_port_block(3)
+        o_port = free_port_block(1)
+        while t_port <= o_port < t_port + 3:
+            o_port = free_port_block(1)
+        tenv = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+        triton = Server(
+            "triton",
+            t_port,
+            ["bash", str(SHARED / "start_triton.sh"), str(triton_dir), str(SHARED / "models"), str(t_port)],
+            tenv,
+            work / "triton.log",
+        )
+        ours = Server(
+            "ours",
+            o_port,
+            [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(o_port)],
+            env,
+            work / "ours.log",
+        )
+        servers = [triton, ours]
+        headers = {"Authorization": f"Bearer {key}"}
+        for s in servers:
+            s.start()
+        for s in servers:
+            wait_ready(s, headers, args.model_list)
+            log(f"{s.name} ready (version {s.version})")
+        meta["triton_version"] = triton.version
+        meta["ours_version"] = ours.version
+        meta["answers"] = check_answers(servers, headers, args.model_list)
+        log(f"answers agree with numpy: {meta['answers']}")
+        # CPU the servers burn while idle (Triton's python backend polls).
+        idle0 = {s.name: group_cpu_seconds(s.pgid) for s in servers}
+        time.sleep(2.0)
+        meta["idle_server_cpu_cores"] = {
+            s.name: round((group_cpu_seconds(s.pgid) - idle0[s.name]) / 2.0, 3) for s in servers
+        }
+
+        bench = Bench(args, triton_dir, work, key, input_data, started, args.time_budget, servers=servers)
+        i = 0
+        for model in args.model_list:
+            for c in args.concurrency_list:
+                order = [triton, ours] if i % 2 == 0 else [ours, triton]
+                i += 1
+                for s in order:
+                    bench.measure(s, model, c)
+    finally:
+        for s in servers:
+            s.stop()
+    meta["stopped"] = {s.name: s.stopped_by for s in servers}
+    meta["wall_s"] = round(time.monotonic() - started, 1)
+
+    rows = summarize(bench.runs, args.model_list, args.concurrency_list)
+    table = markdown_table(rows)
+    doc: dict[str, Any] = {
+        "meta": meta,
+        "settings": {
+            "quick": args.quick,
+            "models": args.model_list,
+            "concurrency": args.concurrency_list,
+            "measurement_interval_ms": args.measurement_interval,
+            "max_trials": args.max_trials,
+            "stability_percentage": args.stability_percentage,
+            "stability_metric": f"p{args.stability_percentile} latency"
+            if args.stability_percentile
+            else "average latency",
+            "order": "ABBA: Triton first on even-numbered configurations, ours first on odd ones",
+            "input_data": "17 one-hot rows with exact validation_data (perf_analyzer compares response bytes)",
+        },
+        "summary": rows,
+        "targets": targets(rows),
+        "table_markdown": table,
+        "runs": bench.runs,
+    }
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    out = args.results_dir / f"compare_triton-{stamp}{'-quick' if args.quick else ''}.json"
+    text = json.dumps(doc, indent=1, default=str)
+    out.write_text(text)
+    (args.results_dir / "compare_triton-latest.json").write_text(text)
+    print()
+    print(
+        f"Triton {meta.get('triton_version')} vs ours ({meta['git_commit'][:10]}), "
+        f"{meta['nproc']} CPUs, Python {meta['python']}, {stamp}"
+        f"{' (QUICK: smoke run, not a measurement)' if args.quick else ''}"
+    )
+    print()
+    print(table)
+    print()
+    tgt = doc["targets"]
+    for chk in tgt["checks"]:
+        print(
+            f"- {chk['model']} c={chk['concurrency']}: throughput >= Triton: {chk['throughput_at_least_triton']}, "
+            f"p99 <= Triton: {chk['p99_at_most_triton']}"
+        )
+    if tgt["linear_c32_ratio"] is not None:
+        print(
+            f"- linear c=32 throughput ratio {tgt['linear_c32_ratio']:.2f}x (architecture's aim: about 1.8x)"
+        )
+    print(f"\nraw results: {out} (and {args.results_dir / 'compare_triton-latest.json'})")
+    errors = [r for r in bench.runs if r["errors"]]
+    if args.keep_work or errors:
+        print(f"work folder kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    if errors:
+        for r in errors:
+            print(f"ERROR {r['server']} {r['model']} c={r['concurrency']}: {r['errors']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    atexit.register(_cleanup)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    try:
+        return run(args)
+    except SetupError as exc:
+        print(f"compare_triton: set-up failed: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("compare_triton: interrupted; servers stopped", file=sys.stderr)
+        return 130
+    finally:
+        _cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
