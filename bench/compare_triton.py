@@ -21,7 +21,11 @@ What it does, in this order:
    whose outputs are exact in float32 whatever the batch), so a wrong or mixed-up row is an error;
 5. stops both servers (SIGTERM to their process groups, SIGKILL after a grace period; also at exit and
    on SIGTERM/SIGINT), writes the raw results to ``bench/results/compare_triton-<UTC>.json`` and
-   ``bench/results/compare_triton-latest.json`` and prints a markdown table.
+   ``bench/results/compare_triton-latest.json`` (``...-quick.json`` for ``--quick``, so a smoke run never
+   replaces the latest full run) and prints a markdown table.
+
+Each run also records the CPU each server's process tree, perf_analyzer and everything else on the machine
+used while it ran (``server_cpu_cores``, ``perf_analyzer_cpu_cores``, ``other_cpu_cores``).
 
 Stability: perf_analyzer's default criterion (average latency and throughput of the last three windows
 within ``--stability-percentage``); p50/p99 are read from its report, which merges those windows.
@@ -124,10 +128,11 @@ def group_cpu_seconds(pgid: int) -> float:
 
 def machine_busy_ticks() -> tuple[int, int]:
     """(busy, total) jiffies over all CPUs from /proc/stat."""
-    parts = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
-    total = sum(parts[:8])
-    return total - idle, total
+    # user nice system idle iowait irq softirq steal: busy = all but idle, iowait and steal (time the
+    # hypervisor gave to someone else).
+    parts = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    busy = parts[0] + parts[1] + parts[2] + parts[5] + parts[6]
+    return busy, sum(parts)
 
 
 def children_cpu_seconds() -> float:
@@ -294,7 +299,10 @@ def ensure_triton(triton_dir: Path) -> dict[str, str]:
         setup = SHARED / "setup.sh"
         if not setup.exists():
             raise SetupError(f"{setup} is missing: the shared Triton reference is needed to install Triton")
-        triton_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            triton_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SetupError(f"cannot create the Triton cache folder {triton_dir}: {exc}") from None
         setup_log = triton_dir / "setup.log"
         log(f"installing Triton 2.51 + perf_analyzer 2.41 into {triton_dir} (about 30 s; log {setup_log})")
         env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
@@ -561,6 +569,12 @@ class Bench:
                 s.name: round((group_cpu_seconds(s.pgid) - srv0[s.name]) / wall, 3) for s in self.servers
             },
             machine_busy_cores=round(cores * (busy1 - busy0) / max(1, total1 - total0), 3),
+        )
+        res["other_cpu_cores"] = round(
+            res["machine_busy_cores"]
+            - res["perf_analyzer_cpu_cores"]
+            - sum(res["server_cpu_cores"].values()),
+            3,
         )
         # Keep the report part of the output (not the model config -v prints first).
         marker = stdout.find("*** Measurement Settings ***")
@@ -833,6 +847,10 @@ def run(args: argparse.Namespace) -> int:
                 i += 1
                 for s in order:
                     bench.measure(s, model, c)
+    except BaseException:
+        # Set-up failure, Ctrl-C, SIGTERM: the servers are stopped below; say where the logs are.
+        print(f"compare_triton: logs and perf_analyzer output kept in {work}", file=sys.stderr)
+        raise
     finally:
         for s in servers:
             s.stop()
@@ -862,10 +880,13 @@ def run(args: argparse.Namespace) -> int:
         "runs": bench.runs,
     }
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = args.results_dir / f"compare_triton-{stamp}{'-quick' if args.quick else ''}.json"
+    # A --quick smoke run never replaces the latest full run.
+    suffix = "-quick" if args.quick else ""
+    out = args.results_dir / f"compare_triton-{stamp}{suffix}.json"
+    latest = args.results_dir / f"compare_triton-latest{suffix}.json"
     text = json.dumps(doc, indent=1, default=str)
     out.write_text(text)
-    (args.results_dir / "compare_triton-latest.json").write_text(text)
+    latest.write_text(text)
     print()
     print(
         f"Triton {meta.get('triton_version')} vs ours ({meta['git_commit'][:10]}), "
@@ -885,7 +906,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"- linear c=32 throughput ratio {tgt['linear_c32_ratio']:.2f}x (architecture's aim: about 1.8x)"
         )
-    print(f"\nraw results: {out} (and {args.results_dir / 'compare_triton-latest.json'})")
+    print(f"\nraw results: {out} (and {latest})")
     errors = [r for r in bench.runs if r["errors"]]
     if args.keep_work or errors:
         print(f"work folder kept: {work}")

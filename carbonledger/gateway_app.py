@@ -1,14 +1,21 @@
-"""Builds the inference gateway from Django settings, with API keys resolved from the database."""
+"""Builds the inference gateway from Django settings: API keys from the database, and (unless
+LEDGER_ENABLED is off) the energy recorder and the ledger writer as its services."""
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 
 from carbonledger import selectors
 from inference.gateway import Gateway, Principal
 from inference.repository import GatewayOptions
+
+log = logging.getLogger(__name__)
 
 
 def _principal_for(raw_key: str) -> Principal | None:
@@ -39,10 +46,72 @@ def gateway_options() -> GatewayOptions:
     )
 
 
+def detect_meters() -> list[Any]:
+    from inference.meters import registry
+
+    sources = (
+        None if settings.METERS == "auto" else [s.strip() for s in settings.METERS.split(",") if s.strip()]
+    )
+    options: dict[str, Any] = {
+        "triton_url": settings.METER_TRITON_URL or None,
+        "cpu_model_options": {
+            "tdp_w": settings.CPU_TDP_W,
+            "cores": settings.CPU_CORES or None,
+            "memory_w_per_gb": settings.MEMORY_W_PER_GB,
+        },
+    }
+    if sources is not None:
+        options["sources"] = sources
+    try:
+        meters = registry.detect_meters(**options)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"METERS: {exc}") from exc
+    if not meters:
+        raise ImproperlyConfigured(f"METERS={settings.METERS!r} found no usable meter on this host")
+    return meters
+
+
+class WriterService:
+    """The ledger writer as a gateway service: recover the chain, then drain the spool."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+
+    def start(self) -> None:
+        self.writer.recover()
+        self.writer.start()
+
+    def stop(self) -> None:
+        self.writer.stop()
+
+
 def build_gateway() -> Gateway:
+    hooks: list[Any] = []
+    services: list[Any] = []
+    admission = None
+    if settings.LEDGER_ENABLED:
+        from carbonledger.ledger_writer import LedgerWriter
+        from inference.recorder import LedgerRecorder, RecorderOptions
+        from inference.spool import Spool
+
+        spool = Spool(settings.SPOOL_DIR, max_backlog_bytes=settings.SPOOL_MAX_BYTES)
+        writer = LedgerWriter(spool, interval_s=settings.LEDGER_WRITE_INTERVAL_S)
+        recorder = LedgerRecorder(
+            spool,
+            detect_meters(),
+            RecorderOptions(
+                sample_interval_s=settings.METER_INTERVAL_S, idle_power_w=settings.DEVICE_IDLE_POWER_W
+            ),
+        )
+        hooks.append(recorder.hook_for)
+        services = [WriterService(writer), recorder]
+        admission = recorder
     return Gateway(
         settings.MODEL_REPOSITORY,
         gateway_options(),
         resolve_principal,
+        hooks=hooks,
         key_cache_seconds=settings.API_KEY_CACHE_SECONDS,
+        services=services,
+        admission=admission,
     )

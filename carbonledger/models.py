@@ -47,3 +47,187 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+# -- sites and devices -------------------------------------------------------------------------
+
+
+class Site(models.Model):
+    """Where devices draw electricity: a grid zone and a PUE with its source."""
+
+    class Electricity(models.TextChoices):
+        OWNED = "owned", "owned (Scope 2, ISO 14064-1 Category 2)"
+        COLOCATED = "colocated", "colocated (Scope 2, ISO 14064-1 Category 2)"
+        CLOUD = "cloud", "cloud (Scope 3 category 1, ISO 14064-1 Category 4)"
+
+    name = models.SlugField(max_length=64, unique=True)
+    zone = models.CharField(max_length=32, help_text="grid zone, e.g. FR or US-CA")
+    pue = models.DecimalField(max_digits=5, decimal_places=3, default=1)
+    pue_source = models.CharField(
+        max_length=16, default="declared", choices=[("declared", "declared"), ("measured", "measured")]
+    )
+    electricity = models.CharField(max_length=16, choices=Electricity.choices, default=Electricity.OWNED)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Device(models.Model):
+    """A metered device (GPU, CPU package, or the modelled CPU of a gateway process)."""
+
+    device_id = models.CharField(max_length=128, unique=True)
+    kind = models.CharField(max_length=16)  # gpu, cpu
+    name = models.CharField(max_length=200, blank=True)
+    method = models.CharField(max_length=32)  # nvml-counter, nvml-power-integration, rapl, triton, modelled
+    measured = models.BooleanField(default=False)
+    relative_uncertainty = models.FloatField(default=0.0)
+    info = models.JSONField(default=dict, blank=True)
+    site = models.ForeignKey(Site, null=True, blank=True, on_delete=models.PROTECT, related_name="devices")
+    idle_power_w = models.FloatField(null=True, blank=True, help_text="declared idle power; empty: measured")
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.device_id
+
+
+# -- the ledger: append-only, hash-chained -------------------------------------------------------
+
+
+class LedgerChain(models.Model):
+    """One hash chain per writer (a gateway process's spool). The only mutable ledger row: its head
+    and the spool position already written, updated in the same transaction as the records."""
+
+    chain_id = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    head_seq = models.BigIntegerField(default=0)
+    head_hash = models.CharField(max_length=64, default="0" * 64)
+    spool_position = models.CharField(max_length=40, default="0:0")
+
+    def __str__(self) -> str:
+        return self.chain_id
+
+
+class ChainedRecord(models.Model):
+    chain = models.ForeignKey(LedgerChain, on_delete=models.PROTECT, related_name="+")
+    seq = models.BigIntegerField()
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        abstract = True
+
+
+class LedgerBatch(ChainedRecord):
+    batch_id = models.CharField(max_length=64, unique=True)
+    model = models.CharField(max_length=128)
+    version = models.CharField(max_length=32)
+    device_id = models.CharField(max_length=128)
+    instance = models.IntegerField(default=0)
+    start_ns = models.BigIntegerField()
+    end_ns = models.BigIntegerField()
+    requests = models.IntegerField()
+    rows = models.IntegerField()
+    status = models.CharField(max_length=16, default="ok")
+
+    class Meta:
+        db_table = "ledger_batch"
+        constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_batch_chain_seq")]
+
+
+class LedgerRequest(ChainedRecord):
+    request_id = models.CharField(max_length=64, unique=True)
+    client_request_id = models.CharField(max_length=256, blank=True, default="")
+    organization = models.ForeignKey(
+        Organization, null=True, on_delete=models.PROTECT, related_name="+", db_constraint=False
+    )
+    api_key = models.ForeignKey(
+        ApiKey, null=True, on_delete=models.PROTECT, related_name="+", db_constraint=False
+    )
+    model = models.CharField(max_length=128)
+    version = models.CharField(max_length=32)
+    batch_id = models.CharField(max_length=64, db_index=True)
+    device_id = models.CharField(max_length=128)
+    received_ns = models.BigIntegerField(db_index=True)
+    started_ns = models.BigIntegerField()
+    finished_ns = models.BigIntegerField()
+    queue_ns = models.BigIntegerField()
+    compute_ns = models.BigIntegerField()
+    work_units = models.BigIntegerField()
+    status = models.CharField(max_length=16, default="ok")
+    synthetic = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "ledger_request"
+        constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_request_chain_seq")]
+
+
+class LedgerInterval(ChainedRecord):
+    """Raw counter readings at both ends of one metering interval of one device."""
+
+    interval_id = models.CharField(max_length=64, unique=True)
+    device_id = models.CharField(max_length=128, db_index=True)
+    method = models.CharField(max_length=32)
+    relative_uncertainty = models.FloatField()
+    t0_ns = models.BigIntegerField()
+    t1_ns = models.BigIntegerField()
+    counter_start_j = models.FloatField()
+    counter_end_j = models.FloatField()
+    energy_uj = models.BigIntegerField()
+    idle_uj = models.BigIntegerField()
+    busy_ns = models.BigIntegerField()
+    idle_ns = models.BigIntegerField()
+
+    class Meta:
+        db_table = "ledger_interval"
+        constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_interval_chain_seq")]
+
+
+class LedgerIdle(ChainedRecord):
+    """Idle energy of a device in one interval: a ledger line of its own, never dropped."""
+
+    interval_id = models.CharField(max_length=64, unique=True)
+    device_id = models.CharField(max_length=128)
+    t0_ns = models.BigIntegerField()
+    t1_ns = models.BigIntegerField()
+    energy_uj = models.BigIntegerField()
+    idle_ns = models.BigIntegerField()
+    idle_power_w = models.FloatField()
+
+    class Meta:
+        db_table = "ledger_idle"
+        constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_idle_chain_seq")]
+
+
+class LedgerRequestEnergy(ChainedRecord):
+    """A request's share of one interval's energy (a request spanning intervals has several)."""
+
+    request_id = models.CharField(max_length=64, db_index=True)
+    interval_id = models.CharField(max_length=64)
+    batch_id = models.CharField(max_length=64)
+    energy_uj = models.BigIntegerField()
+    final = models.BooleanField(default=False, help_text="the batch is fully allocated with this part")
+
+    class Meta:
+        db_table = "ledger_request_energy"
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_request_energy_chain_seq"),
+            models.UniqueConstraint(
+                fields=["request_id", "interval_id", "batch_id"], name="ledger_request_energy_once"
+            ),
+        ]
+
+
+class LedgerAdjustment(ChainedRecord):
+    """A correction: records are never updated; an adjusting entry says what changes, why and who."""
+
+    target_kind = models.CharField(max_length=32)  # request, interval, idle
+    target_id = models.CharField(max_length=64)
+    energy_delta_uj = models.BigIntegerField()
+    reason = models.TextField()
+    actor = models.CharField(max_length=200)
+    created_ns = models.BigIntegerField()
+
+    class Meta:
+        db_table = "ledger_adjustment"
+        constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_adjustment_chain_seq")]

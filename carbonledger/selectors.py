@@ -27,3 +27,27 @@ def organization_by_slug(slug: str) -> Organization | None:
 
 def api_keys_of(organization: Organization) -> list[ApiKey]:
     return list(ApiKey.objects.filter(organization=organization))
+
+
+def ledger_request_for(organization_id: int, request_id: str) -> dict[str, object] | None:
+    """One ledger request of ``organization_id`` with its energy so far; None when not its own."""
+    from django.db.models import Sum
+
+    from carbonledger.models import Device, LedgerRequest, LedgerRequestEnergy
+
+    req = LedgerRequest.objects.filter(request_id=request_id, organization_id=organization_id).first()
+    if req is None:
+        return None
+    parts = list(
+        LedgerRequestEnergy.objects.filter(request_id=request_id)
+        .order_by("seq")
+        .values("interval_id", "energy_uj", "final")
+    )
+    total_uj = LedgerRequestEnergy.objects.filter(request_id=request_id).aggregate(s=Sum("energy_uj"))["s"]
+    final = any(p["final"] for p in parts)
+    device = (
+        Device.objects.filter(device_id=req.device_id)
+        .values("method", "measured", "relative_uncertainty")
+        .first()
+    )
+    return {"request": req, "parts": parts, "energy_uj": total_uj, "final": final, "device": device}

@@ -107,3 +107,28 @@ LOGGING = {
         "level": env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR")),
     },
 }
+
+# -- energy metering and the ledger ---------------------------------------------------------------
+LEDGER_ENABLED = env_bool("LEDGER_ENABLED", True)
+SPOOL_DIR = Path(env_str("SPOOL_DIR", str(VAR_DIR / "spool")))
+SPOOL_MAX_BYTES = env_int("SPOOL_MAX_BYTES", 1 << 30, minimum=1 << 16)
+LEDGER_WRITE_INTERVAL_S = env_float("LEDGER_WRITE_INTERVAL_S", 0.2, minimum=0.01)
+METERS = env_str("METERS", "auto")  # auto, or a comma list of nvml, rapl, triton, cpu-model
+METER_INTERVAL_S = env_float("METER_INTERVAL_S", 1.0, minimum=0.05)
+METER_TRITON_URL = env_str(
+    "METER_TRITON_URL", ""
+)  # a remote Triton's metrics endpoint, e.g. http://host:8002/metrics
+# Declared idle power of every metered device; empty: measured from intervals with no batch.
+DEVICE_IDLE_POWER_W = (
+    env_float("DEVICE_IDLE_POWER_W", 0.0, minimum=0.0) if env_str("DEVICE_IDLE_POWER_W", "") else None
+)
+# The modelled CPU meter (no NVML or RAPL): watts per core from a declared TDP and core count,
+# plus a memory term. 65 W is a common desktop/server TDP class; 0.375 W/GB is the figure the
+# Green Algorithms calculator uses for memory.
+CPU_TDP_W = env_float("CPU_TDP_W", 65.0, minimum=1.0)
+CPU_CORES = env_int("CPU_CORES", 0, minimum=0)  # 0: os.cpu_count()
+MEMORY_W_PER_GB = env_float("MEMORY_W_PER_GB", 0.375, minimum=0.0)
+SITE_NAME = env_str("SITE_NAME", "local")
+SITE_ZONE = env_str("SITE_ZONE", "FR")
+SITE_PUE = env_float("SITE_PUE", 1.0, minimum=1.0)
+SITE_ELECTRICITY = env_choice("SITE_ELECTRICITY", "owned", ("owned", "colocated", "cloud"))

@@ -40,7 +40,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from inference.errors import InferenceError, QueueFull, RequestTimeout, ShuttingDown
 
@@ -140,8 +140,22 @@ ExecuteFn = Callable[[list[Pending]], tuple[Sequence[Any], tuple[int, int, int]]
 # Called from instance and reaper threads with (pending, result-or-error) pairs, already in
 # delivery order.
 DeliverFn = Callable[[list[tuple[Pending, Any]]], None]
-# Called once per executed batch: (instance index, batch, timing, error or None).
-BatchObserver = Callable[[int, list[Pending], BatchTiming, BaseException | None], None]
+
+
+class BatchHook(Protocol):
+    """Called on the instance thread around each executed batch.
+
+    ``begin`` runs before the batch's start time is taken; ``end`` runs after execution and
+    before any answer is delivered, so what it records exists before the client hears back.
+    If ``end`` raises an InferenceError, every request of the batch is answered with it
+    instead (a result that cannot be recorded is not handed out).
+    """
+
+    def begin(self, index: int, batch: list[Pending]) -> None: ...
+
+    def end(
+        self, index: int, batch: list[Pending], timing: BatchTiming, error: BaseException | None
+    ) -> None: ...
 
 
 class DynamicBatcher:
@@ -152,7 +166,7 @@ class DynamicBatcher:
         execute_factory: Callable[[int], ExecuteFn],
         deliver: DeliverFn,
         instances: int = 1,
-        observers: Sequence[BatchObserver] = (),
+        hooks: Sequence[BatchHook] = (),
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.name = name
@@ -160,7 +174,7 @@ class DynamicBatcher:
         self._execute_factory = execute_factory
         self._deliver = deliver
         self._instances = max(1, instances)
-        self._observers = list(observers)
+        self._hooks = list(hooks)
         self._clock = clock
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
@@ -397,6 +411,11 @@ class DynamicBatcher:
                 self._reject_timed_out(expired)
                 if not n:
                     continue
+            for hook in self._hooks:
+                try:
+                    hook.begin(index, batch)
+                except Exception:  # a hook must not stop serving, but say so
+                    log.exception("batch hook failed before a batch of model %s", self.name)
             start = clock()
             error: BaseException | None = None
             try:
@@ -419,11 +438,13 @@ class DynamicBatcher:
                 for p in batch:
                     p.state = DONE
             timing = BatchTiming(start, end, t_in, t_infer, t_out)
-            for obs in self._observers:
+            for hook in self._hooks:
                 try:
-                    obs(index, batch, timing, error)
-                except Exception:  # observers must never break serving, but say so
-                    log.exception("batch observer failed for model %s", self.name)
+                    hook.end(index, batch, timing, error)
+                except InferenceError as refused:
+                    results = [refused] * len(batch)
+                except Exception:  # a hook must not stop serving, but say so
+                    log.exception("batch hook failed after a batch of model %s", self.name)
             self._finish(list(zip(batch, results, strict=True)))
 
     def _reject_timed_out(self, expired: list[Pending]) -> None:

@@ -14,12 +14,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
 
-from inference.batcher import BatchObserver, Pending
+from inference.batcher import BatchHook, Pending
 from inference.errors import (
     Forbidden,
     InferenceError,
@@ -74,7 +74,7 @@ KeyResolver = Callable[[str], Awaitable[Principal | None]]
 class InferCall:
     """The payload the batcher carries for one HTTP infer request."""
 
-    __slots__ = ("future", "inputs", "principal", "received_ns", "request")
+    __slots__ = ("future", "inputs", "ledger_id", "principal", "received_ns", "request")
 
     def __init__(
         self,
@@ -88,6 +88,7 @@ class InferCall:
         self.future = future
         self.principal = principal
         self.received_ns = received_ns
+        self.ledger_id: str | None = None  # set by the ledger recorder before the answer is delivered
 
 
 _TEXT_EMPTY = [(b"content-type", b"text/plain"), (b"content-length", b"0")]
@@ -97,22 +98,38 @@ def _json_headers(n: int) -> list[tuple[bytes, bytes]]:
     return [(b"content-type", b"application/json"), (b"content-length", str(n).encode())]
 
 
+class Service(Protocol):
+    """Something the gateway starts before its models load and stops after they have stopped."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class Admission(Protocol):
+    def admit(self) -> None: ...
+
+
 class Gateway:
     def __init__(
         self,
         repository_root: Path,
         options: GatewayOptions,
         resolve_key: KeyResolver | None,
-        observers: Sequence[Callable[[ModelVersion], BatchObserver]] = (),
+        hooks: Sequence[Callable[[ModelVersion], BatchHook]] = (),
         key_cache_seconds: float = 5.0,
+        services: Sequence[Service] = (),
+        admission: Admission | None = None,
     ) -> None:
         self.options = options
         self._resolve_key = resolve_key
         self._key_cache: dict[str, tuple[Principal, float]] = {}
         self._key_cache_s = key_cache_seconds
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.repository = ModelRepository(repository_root, options, self._deliver, observers)
+        self.repository = ModelRepository(repository_root, options, self._deliver, hooks)
         self.started = False
+        self._services = list(services)
+        self._admission = admission
         self._server_meta = orjson.dumps(
             {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
         )
@@ -121,13 +138,27 @@ class Gateway:
 
     async def startup(self) -> None:
         self._loop = asyncio.get_running_loop()
-        await self._loop.run_in_executor(None, self.repository.load)
+        await self._loop.run_in_executor(None, self._start_blocking)
         self.started = True
 
+    def _start_blocking(self) -> None:
+        for service in self._services:
+            service.start()
+        self.repository.load()
+
     async def shutdown(self) -> None:
-        if self._loop is not None:
-            await self._loop.run_in_executor(None, self.repository.stop)
         self.started = False
+        if self._loop is not None:
+            await self._loop.run_in_executor(None, self._stop_blocking)
+
+    def _stop_blocking(self) -> None:
+        # Models first (their last batches get recorded), then services in reverse order.
+        self.repository.stop()
+        for service in reversed(self._services):
+            try:
+                service.stop()
+            except Exception:
+                log.exception("stopping %s failed", type(service).__name__)
 
     def _deliver(self, items: list[tuple[Pending, Any]]) -> None:
         # Called on instance threads: one loop wake-up per batch.
@@ -389,6 +420,8 @@ class Gateway:
             req = decode_request(body, parse_header_length(header_len, len(body)))
             rows = validate_request(spec, req)
             priority, timeout_us = _schedule_params(req)
+            if self._admission is not None:
+                self._admission.admit()
         except InferenceError:
             mv.stats.record_failure("OTHER", time.monotonic_ns() - received)
             raise
@@ -413,7 +446,8 @@ class Gateway:
             chosen = [(t, outputs[t.name], req.binary_output_all) for t in spec.outputs]
         else:
             chosen = [(mv.output_specs[o.name], outputs[o.name], o.binary) for o in requested]
-        payload, json_len = encode_response(spec.name, mv.version, req.id, chosen)
+        params = {"ledger_id": call.ledger_id} if call.ledger_id is not None else None
+        payload, json_len = encode_response(spec.name, mv.version, req.id, chosen, params)
         if json_len is None:
             await self._send_json(send, 200, payload)
         else:

@@ -19,7 +19,7 @@ import orjson
 
 from inference.backends import Backend, create_backend
 from inference.batcher import (
-    BatchObserver,
+    BatchHook,
     BatchPolicy,
     BatchTiming,
     DeliverFn,
@@ -153,29 +153,35 @@ class ModelVersion:
 
         return run
 
-    def stats_observer(self) -> BatchObserver:
-        stats = self.stats
+    def stats_hook(self) -> BatchHook:
+        return _StatsHook(self.stats)
 
-        def observe(
-            index: int, batch: list[Pending], timing: BatchTiming, error: BaseException | None
-        ) -> None:
-            if error is not None:
-                reason = error.reason if isinstance(error, InferenceError) else "BACKEND"
-                stats.record_failure(
-                    reason, sum(timing.end_ns - p.payload.received_ns for p in batch), len(batch)
-                )
-                return
-            stats.record_batch(
-                rows=sum(p.rows for p in batch),
-                requests=len(batch),
-                queue_ns=sum(timing.start_ns - p.enqueued_ns for p in batch),
-                request_ns=sum(timing.end_ns - p.payload.received_ns for p in batch),
-                compute_input_ns=timing.compute_input_ns,
-                compute_infer_ns=timing.compute_infer_ns,
-                compute_output_ns=timing.compute_output_ns,
+
+class _StatsHook:
+    """Triton's statistics, recorded once per batch on the instance thread."""
+
+    def __init__(self, stats: ModelStats) -> None:
+        self.stats = stats
+
+    def begin(self, index: int, batch: list[Pending]) -> None:
+        pass
+
+    def end(self, index: int, batch: list[Pending], timing: BatchTiming, error: BaseException | None) -> None:
+        if error is not None:
+            reason = error.reason if isinstance(error, InferenceError) else "BACKEND"
+            self.stats.record_failure(
+                reason, sum(timing.end_ns - p.payload.received_ns for p in batch), len(batch)
             )
-
-        return observe
+            return
+        self.stats.record_batch(
+            rows=sum(p.rows for p in batch),
+            requests=len(batch),
+            queue_ns=sum(timing.start_ns - p.enqueued_ns for p in batch),
+            request_ns=sum(timing.end_ns - p.payload.received_ns for p in batch),
+            compute_input_ns=timing.compute_input_ns,
+            compute_infer_ns=timing.compute_infer_ns,
+            compute_output_ns=timing.compute_output_ns,
+        )
 
 
 class ModelEntry:
@@ -227,12 +233,12 @@ class ModelRepository:
         root: Path,
         options: GatewayOptions,
         deliver: DeliverFn,
-        observers: Sequence[Callable[[ModelVersion], BatchObserver]] = (),
+        hooks: Sequence[Callable[[ModelVersion], BatchHook]] = (),
     ) -> None:
         self.root = root
         self.options = options
         self._deliver = deliver
-        self._observer_factories = list(observers)
+        self._hook_factories = list(hooks)
         self.models: dict[str, ModelEntry] = {}
 
     def load(self) -> None:
@@ -285,7 +291,7 @@ class ModelRepository:
                     b.close()
             return
         mv.backends = created
-        observers = [mv.stats_observer(), *(f(mv) for f in self._observer_factories)]
+        hooks = [mv.stats_hook(), *(f(mv) for f in self._hook_factories)]
         backends = mv.backends
         mv.batcher = DynamicBatcher(
             f"{spec.name}/{mv.version}",
@@ -293,7 +299,7 @@ class ModelRepository:
             lambda i: mv.runner(backends[i]),
             self._deliver,
             instances=len(backends),
-            observers=observers,
+            hooks=hooks,
         )
         mv.batcher.start()
         mv.ready = True

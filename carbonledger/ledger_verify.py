@@ -1,0 +1,100 @@
+"""Verification of the ledger's hash chains (reads only).
+
+For each chain, the records of every kind are merged in ``seq`` order (streamed, so millions
+of rows fit in little memory) and each link is checked: consecutive seq numbers from 1,
+``prev_hash`` equal to the previous record's hash, and the hash recomputed from the record's
+own fields. The chain row's head must match the last record, so deleting the newest records
+is caught too. The first broken link is named.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from carbonledger.ledger import GENESIS, KINDS, RecordKind, link_hash
+from carbonledger.models import LedgerChain
+
+
+@dataclass(frozen=True)
+class BrokenLink:
+    chain_id: str
+    seq: int
+    kind: str
+    table: str
+    pk: int | None
+    problem: str
+
+    def __str__(self) -> str:
+        where = f"{self.kind} record id {self.pk} ({self.table})" if self.pk is not None else "chain head"
+        return f"chain {self.chain_id}: first broken link at seq {self.seq}, {where}: {self.problem}"
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    chain_id: str
+    records: int
+    head_seq: int
+    head_hash: str
+    broken: BrokenLink | None
+
+
+def _rows(chain: LedgerChain, kind: RecordKind) -> Iterator[tuple[int, str, int, str, str, tuple[Any, ...]]]:
+    columns = ["seq", "pk", "prev_hash", "hash", *kind.fields]
+    qs = kind.model._default_manager.filter(chain=chain).order_by("seq").values_list(*columns)
+    for row in qs.iterator(chunk_size=20_000):
+        seq, pk, prev, digest, *values = row
+        yield seq, kind.kind, pk, prev, digest, tuple(values)
+
+
+def verify_chain(chain: LedgerChain) -> ChainReport:
+    merged = heapq.merge(*(_rows(chain, kind) for kind in KINDS.values()), key=lambda r: r[0])
+    expected_seq = 1
+    prev = GENESIS
+    count = 0
+    for seq, kind_name, pk, prev_hash, digest, values in merged:
+        kind = KINDS[kind_name]
+
+        def broken(problem: str, at: int = seq, k: RecordKind = kind, p: int = pk) -> ChainReport:
+            return ChainReport(
+                chain.chain_id,
+                count,
+                chain.head_seq,
+                chain.head_hash,
+                BrokenLink(chain.chain_id, at, k.kind, k.table, p, problem),
+            )
+
+        if seq != expected_seq:
+            if seq < expected_seq:
+                return broken(f"seq {seq} appears twice (an inserted or copied record)")
+            return broken(f"seq {expected_seq} is missing before it (a deleted record)", at=expected_seq)
+        if prev_hash != prev:
+            return broken(
+                "its prev_hash does not match the hash of the record before it (records reordered or replaced)"
+            )
+        if link_hash(prev, kind.kind, seq, values) != digest:
+            return broken("its fields do not match its hash (a changed record)")
+        prev = digest
+        expected_seq += 1
+        count += 1
+    last_seq = expected_seq - 1
+    if chain.head_seq != last_seq or chain.head_hash != prev:
+        link = BrokenLink(
+            chain.chain_id,
+            last_seq + 1,
+            "head",
+            LedgerChain._meta.db_table,
+            None,
+            f"the chain head says seq {chain.head_seq} but the records end at seq {last_seq}"
+            " (the newest records were deleted)"
+            if chain.head_seq != last_seq
+            else "the chain head's hash does not match the last record",
+        )
+        return ChainReport(chain.chain_id, count, chain.head_seq, chain.head_hash, link)
+    return ChainReport(chain.chain_id, count, chain.head_seq, chain.head_hash, None)
+
+
+def verify_all() -> list[ChainReport]:
+    return [verify_chain(chain) for chain in LedgerChain.objects.order_by("pk")]

@@ -1,0 +1,385 @@
+"""Per-request energy on the hot path: meters, the accountant per device, and the spool.
+
+Framework-free. The recorder is a batch hook: on the instance thread it spools every executed
+batch and its requests (one ``os.write``) *before* any answer is delivered, hands the batch to
+its device's accountant, and stamps each request with its ledger id. A timer thread reads
+every meter about once a second (and batch ends read it too when the last reading is older
+than ``boundary_min_interval_s``), closes intervals, and spools each interval, its idle line
+and every request's share. Nothing here touches the database: the ledger writer drains the
+spool (carbonledger/ledger_writer.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from inference.allocation import BatchRecord, EnergyAccountant, IntervalAllocation
+from inference.batcher import BatchTiming, Pending
+from inference.config import ModelSpec
+from inference.errors import InferenceError
+from inference.meters import Meter
+from inference.repository import ModelVersion
+from inference.spool import Spool, SpoolFull
+
+log = logging.getLogger(__name__)
+
+
+class LedgerUnavailable(InferenceError):
+    """The spool is full (the database has been unreachable for long): refuse rather than answer unrecorded."""
+
+    status = 503
+    reason = "REJECTED"
+
+
+@dataclass
+class RecorderOptions:
+    sample_interval_s: float = 1.0
+    boundary_min_interval_s: float = 0.05
+    idle_power_w: float | None = None  # declared for every device; None: learned from batch-free intervals
+    min_idle_learning_s: float = 0.5
+
+
+class DeviceAccount:
+    def __init__(self, meter: Meter, reason: str, declared_idle_w: float | None) -> None:
+        self.meter = meter
+        self.reason = reason
+        self.device_id = meter.device_id
+        self.declared_idle_w = declared_idle_w
+        self.accountant = EnergyAccountant(meter.device_id, declared_idle_w or 0.0)
+        self.last_read_ns = 0
+        self.read_lock = threading.Lock()  # readings must reach the accountant in time order
+        self.learned_idle_w: float | None = None
+
+    @property
+    def kind(self) -> str:
+        return "gpu" if self.meter.method.startswith("nvml") or self.meter.method == "triton" else "cpu"
+
+
+def work_units(spec: ModelSpec, p: Pending) -> int:
+    """How a batch's energy is shared among its requests: elements (default), rows, or tokens."""
+    mode = spec.parameters.get("work_units", "elements")
+    inputs: dict[str, np.ndarray[Any, Any]] = p.payload.inputs
+    if mode == "rows":
+        return int(p.rows)
+    if mode == "tokens":
+        name = spec.parameters.get("work_units_input", "")
+        arr = inputs.get(name)
+        if arr is not None and arr.dtype != object:
+            return int(np.count_nonzero(arr)) or int(p.rows)
+        return int(p.rows)
+    return int(sum(a.size for a in inputs.values())) or int(p.rows)
+
+
+class LedgerRecorder:
+    def __init__(
+        self,
+        spool: Spool,
+        meters: list[tuple[Meter, str]],
+        options: RecorderOptions | None = None,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+        wall_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        if not meters:
+            raise ValueError("the recorder needs at least one meter")
+        self.spool = spool
+        self.options = options or RecorderOptions()
+        self._clock = clock_ns
+        self._wall_offset = wall_ns() - clock_ns()
+        self.devices = [DeviceAccount(m, why, self.options.idle_power_w) for m, why in meters]
+        # Ids unique across restarts of the same chain: a per-process boot token.
+        self._prefix = f"{spool.chain_id[:8]}.{os.urandom(3).hex()}"
+        self._request_ids = itertools.count(1)
+        self._batch_ids = itertools.count(1)
+        self._interval_ids = itertools.count(1)
+        self._current: dict[tuple[int, int], str] = {}
+        self._batch_end: dict[str, int] = {}
+        self._batch_end_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        lines = []
+        for dev in self.devices:
+            dev.meter.start()
+            info = dev.meter.device_info()
+            log.info("energy meter for %s: %s (%s)", dev.device_id, dev.meter.method, dev.reason)
+            lines.append(
+                orjson.dumps(
+                    {
+                        "k": "device",
+                        "device_id": dev.device_id,
+                        "kind": dev.kind,
+                        "name": info.get("name", dev.device_id),
+                        "method": dev.meter.method,
+                        "measured": dev.meter.measured,
+                        "relative_uncertainty": dev.meter.relative_uncertainty,
+                        "info": {**info, "reason": dev.reason},
+                    }
+                )
+                + b"\n"
+            )
+            self._read(dev)
+        self.spool.append(b"".join(lines))
+        self._thread = threading.Thread(target=self._run, name="energy-meter", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Close the last interval of every device and spool it, then stop the meters."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        for dev in self.devices:
+            try:
+                self._read(dev)
+            except Exception:
+                log.exception("final reading of %s failed", dev.device_id)
+        self._flush()
+        for dev in self.devices:
+            try:
+                dev.meter.close()
+            except Exception:
+                log.exception("closing the meter of %s failed", dev.device_id)
+
+    def admit(self) -> None:
+        """Refuse new requests while the spool is full: answers must never go unrecorded."""
+        if not self.spool.would_accept(4096):
+            raise LedgerUnavailable(
+                f"the ledger spool is full ({self.spool.backlog_bytes} bytes wait for the database); "
+                "requests are refused until it drains"
+            )
+
+    # -- device choice -----------------------------------------------------------------------
+
+    def device_for(self, spec: ModelSpec) -> DeviceAccount:
+        wanted = spec.parameters.get("device", "")
+        if wanted:
+            for dev in self.devices:
+                if dev.device_id == wanted:
+                    return dev
+            log.warning(
+                "model %s asks for device %r, which has no meter; using the default", spec.name, wanted
+            )
+        kinds = {g.get("kind", "KIND_CPU") for g in spec.config_dict.get("instance_group", [])}
+        if "KIND_GPU" in kinds:
+            for dev in self.devices:
+                if dev.kind == "gpu":
+                    return dev
+        for dev in self.devices:
+            if dev.kind == "cpu":
+                return dev
+        return self.devices[0]
+
+    def hook_for(self, mv: ModelVersion) -> _BatchHook:
+        return _BatchHook(self, mv, self.device_for(mv.spec))
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def wall(self, mono_ns: int) -> int:
+        return mono_ns + self._wall_offset
+
+    def new_batch_id(self) -> str:
+        return f"{self._prefix}.b{next(self._batch_ids)}"
+
+    def new_request_id(self) -> str:
+        return f"{self._prefix}.r{next(self._request_ids)}"
+
+    def _read(self, dev: DeviceAccount) -> None:
+        with dev.read_lock:
+            reading = dev.meter.read()
+            dev.accountant.add_reading(reading.t_ns, reading.energy_j)
+            dev.last_read_ns = reading.t_ns
+
+    def maybe_read(self, dev: DeviceAccount, now_ns: int) -> None:
+        if now_ns - dev.last_read_ns >= self.options.boundary_min_interval_s * 1e9:
+            try:
+                self._read(dev)
+            except Exception:
+                log.exception("reading the meter of %s failed", dev.device_id)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.options.sample_interval_s):
+            for dev in self.devices:
+                try:
+                    self._read(dev)
+                except Exception:
+                    log.exception("reading the meter of %s failed", dev.device_id)
+            try:
+                self._flush()
+            except SpoolFull:
+                log.error("ledger spool full: closed intervals wait in memory until it drains")
+            except Exception:
+                log.exception("spooling closed intervals failed")
+
+    def _flush(self) -> None:
+        lines: list[bytes] = []
+        for dev in self.devices:
+            for alloc in dev.accountant.drain():
+                lines.extend(self._interval_lines(dev, alloc))
+        if lines:
+            self.spool.append(b"".join(lines))
+
+    def _interval_lines(self, dev: DeviceAccount, a: IntervalAllocation) -> list[bytes]:
+        iid = f"{self._prefix}.i{next(self._interval_ids)}"
+        t0, t1 = self.wall(a.t0_ns), self.wall(a.t1_ns)
+        out = [
+            orjson.dumps(
+                {
+                    "k": "interval",
+                    "interval_id": iid,
+                    "device_id": dev.device_id,
+                    "method": dev.meter.method,
+                    "relative_uncertainty": dev.meter.relative_uncertainty,
+                    "t0_ns": t0,
+                    "t1_ns": t1,
+                    "counter_start_j": a.counter_start_j,
+                    "counter_end_j": a.counter_end_j,
+                    "energy_uj": a.energy_uj,
+                    "idle_uj": a.idle_uj,
+                    "busy_ns": a.busy_ns,
+                    "idle_ns": a.idle_ns,
+                }
+            ),
+            orjson.dumps(
+                {
+                    "k": "idle",
+                    "interval_id": iid,
+                    "device_id": dev.device_id,
+                    "t0_ns": t0,
+                    "t1_ns": t1,
+                    "energy_uj": a.idle_uj,
+                    "idle_ns": a.idle_ns,
+                    "idle_power_w": a.idle_power_w,
+                }
+            ),
+        ]
+        with self._batch_end_lock:
+            for part in a.request_parts:
+                end = self._batch_end.get(part.batch_id)
+                final = end is not None and end <= a.t1_ns
+                out.append(
+                    orjson.dumps(
+                        {
+                            "k": "energy",
+                            "request_id": part.request_id,
+                            "interval_id": iid,
+                            "batch_id": part.batch_id,
+                            "energy_uj": part.energy_uj,
+                            "final": final,
+                        }
+                    )
+                )
+            for bp in a.batch_parts:
+                end = self._batch_end.get(bp.batch_id)
+                if end is not None and end <= a.t1_ns:
+                    del self._batch_end[bp.batch_id]
+        self._learn_idle(dev, a)
+        return [line + b"\n" for line in out]
+
+    def _learn_idle(self, dev: DeviceAccount, a: IntervalAllocation) -> None:
+        """Measured idle power: an average over intervals in which the device ran no batch."""
+        if (
+            dev.declared_idle_w is not None
+            or a.busy_ns
+            or a.duration_ns < self.options.min_idle_learning_s * 1e9
+        ):
+            return
+        watts = a.energy_uj / 1e6 / (a.duration_ns / 1e9)
+        dev.learned_idle_w = watts if dev.learned_idle_w is None else 0.8 * dev.learned_idle_w + 0.2 * watts
+        dev.accountant.set_idle_power_w(dev.learned_idle_w)
+
+
+class _BatchHook:
+    """The recorder's hook on one model version's batcher."""
+
+    def __init__(self, recorder: LedgerRecorder, mv: ModelVersion, device: DeviceAccount) -> None:
+        self.recorder = recorder
+        self.mv = mv
+        self.device = device
+        self.spec = mv.spec
+
+    def begin(self, index: int, batch: list[Pending]) -> None:
+        batch_id = self.recorder.new_batch_id()
+        self.recorder._current[(id(self), index)] = batch_id
+        self.device.accountant.begin_batch(batch_id)
+
+    def end(self, index: int, batch: list[Pending], timing: BatchTiming, error: BaseException | None) -> None:
+        rec = self.recorder
+        batch_id = rec._current.pop((id(self), index))
+        spec = self.spec
+        status = "ok" if error is None else "error"
+        wall = rec.wall
+        started, finished = wall(timing.start_ns), wall(timing.end_ns)
+        device_id = self.device.device_id
+        lines = [
+            orjson.dumps(
+                {
+                    "k": "batch",
+                    "batch_id": batch_id,
+                    "model": spec.name,
+                    "version": self.mv.version,
+                    "device_id": device_id,
+                    "instance": index,
+                    "start_ns": started,
+                    "end_ns": finished,
+                    "requests": len(batch),
+                    "rows": sum(p.rows for p in batch),
+                    "status": status,
+                }
+            )
+        ]
+        work: list[tuple[str, int]] = []
+        compute_ns = timing.end_ns - timing.start_ns
+        for p in batch:
+            call = p.payload
+            request_id = rec.new_request_id()
+            units = work_units(spec, p)
+            principal = call.principal
+            lines.append(
+                orjson.dumps(
+                    {
+                        "k": "req",
+                        "request_id": request_id,
+                        "client_request_id": call.request.id or "",
+                        "organization_id": principal.organization_id if principal is not None else None,
+                        "api_key_id": principal.key_id if principal is not None else None,
+                        "model": spec.name,
+                        "version": self.mv.version,
+                        "batch_id": batch_id,
+                        "device_id": device_id,
+                        "received_ns": wall(call.received_ns),
+                        "started_ns": started,
+                        "finished_ns": finished,
+                        "queue_ns": timing.start_ns - p.enqueued_ns,
+                        "compute_ns": compute_ns,
+                        "work_units": units,
+                        "status": status,
+                    }
+                )
+            )
+            work.append((request_id, units))
+            call.ledger_id = request_id
+        try:
+            rec.spool.append(b"\n".join(lines) + b"\n")
+        except SpoolFull as exc:
+            self.device.accountant.abort_batch(batch_id)
+            raise LedgerUnavailable(
+                f"the ledger spool is full; the batch of model '{spec.name}' was not recorded"
+            ) from exc
+        with rec._batch_end_lock:
+            rec._batch_end[batch_id] = timing.end_ns
+        self.device.accountant.add_batch(
+            BatchRecord(batch_id, timing.start_ns, timing.end_ns, work, spec.name, self.mv.version)
+        )
+        rec.maybe_read(self.device, timing.end_ns)
