@@ -18,11 +18,21 @@ from django.core.asgi import get_asgi_application
 django_app = get_asgi_application()
 
 from carbonledger.gateway_app import build_gateway  # noqa: E402
+from inference.gateway import Gateway  # noqa: E402
 
 
 class Router:
+    """The gateway is built on first use (the lifespan start-up), not at import: building it
+    opens the spool and detects meters, which a module import must not do."""
+
     def __init__(self) -> None:
-        self.gateway = build_gateway()
+        self._gateway: Gateway | None = None
+
+    @property
+    def gateway(self) -> Gateway:
+        if self._gateway is None:
+            self._gateway = build_gateway()
+        return self._gateway
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         kind = scope["type"]

@@ -83,6 +83,7 @@ class WriterService:
 
     def stop(self) -> None:
         self.writer.stop()
+        self.writer.spool.close()
 
 
 def build_gateway() -> Gateway:

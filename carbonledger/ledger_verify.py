@@ -56,42 +56,32 @@ def verify_chain(chain: LedgerChain) -> ChainReport:
     count = 0
     for seq, kind_name, pk, prev_hash, digest, values in merged:
         kind = KINDS[kind_name]
-
-        def broken(problem: str, at: int = seq, k: RecordKind = kind, p: int = pk) -> ChainReport:
-            return ChainReport(
-                chain.chain_id,
-                count,
-                chain.head_seq,
-                chain.head_hash,
-                BrokenLink(chain.chain_id, at, k.kind, k.table, p, problem),
-            )
-
-        if seq != expected_seq:
-            if seq < expected_seq:
-                return broken(f"seq {seq} appears twice (an inserted or copied record)")
-            return broken(f"seq {expected_seq} is missing before it (a deleted record)", at=expected_seq)
-        if prev_hash != prev:
-            return broken(
-                "its prev_hash does not match the hash of the record before it (records reordered or replaced)"
-            )
-        if link_hash(prev, kind.kind, seq, values) != digest:
-            return broken("its fields do not match its hash (a changed record)")
+        problem = ""
+        at = seq
+        if seq < expected_seq:
+            problem = f"seq {seq} appears twice (an inserted or copied record)"
+        elif seq > expected_seq:
+            problem = f"seq {expected_seq} is missing before it (a deleted record)"
+            at = expected_seq
+        elif prev_hash != prev:
+            problem = "its prev_hash does not match the hash of the record before it (records reordered or replaced)"
+        elif link_hash(prev, kind.kind, seq, values) != digest:
+            problem = "its fields do not match its hash (a changed record)"
+        if problem:
+            link = BrokenLink(chain.chain_id, at, kind.kind, kind.table, pk, problem)
+            return ChainReport(chain.chain_id, count, chain.head_seq, chain.head_hash, link)
         prev = digest
         expected_seq += 1
         count += 1
     last_seq = expected_seq - 1
     if chain.head_seq != last_seq or chain.head_hash != prev:
-        link = BrokenLink(
-            chain.chain_id,
-            last_seq + 1,
-            "head",
-            LedgerChain._meta.db_table,
-            None,
+        problem = (
             f"the chain head says seq {chain.head_seq} but the records end at seq {last_seq}"
             " (the newest records were deleted)"
             if chain.head_seq != last_seq
-            else "the chain head's hash does not match the last record",
+            else "the chain head's hash does not match the last record"
         )
+        link = BrokenLink(chain.chain_id, last_seq + 1, "head", LedgerChain._meta.db_table, None, problem)
         return ChainReport(chain.chain_id, count, chain.head_seq, chain.head_hash, link)
     return ChainReport(chain.chain_id, count, chain.head_seq, chain.head_hash, None)
 

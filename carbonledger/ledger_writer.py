@@ -37,7 +37,8 @@ def bulk_insert(table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]
     with connection.cursor() as cur:
         if connection.vendor == "postgresql":
             raw = cur.cursor  # the psycopg cursor under Django's wrapper
-            with raw.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+            # Django's wrapper maps psycopg's errors to django.db's (IntegrityError etc.).
+            with connection.wrap_database_errors, raw.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
                 for row in rows:
                     copy.write_row(row)
         else:

@@ -9,7 +9,16 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from carbonledger.models import SCOPES, ApiKey, Organization
+from carbonledger.models import (
+    SCOPES,
+    ApiKey,
+    LedgerAdjustment,
+    LedgerChain,
+    LedgerIdle,
+    LedgerInterval,
+    LedgerRequest,
+    Organization,
+)
 
 KEY_PREFIX = "cl"
 
@@ -73,3 +82,48 @@ def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
     return api_key
+
+
+ADJUSTMENT_CHAIN = "adjustments"
+
+
+@transaction.atomic
+def ledger_adjust(
+    *, target_kind: str, target_id: str, energy_delta_uj: int, reason: str, actor: str
+) -> LedgerAdjustment:
+    """Correct the ledger without touching a record: append an adjusting entry (hash-chained)."""
+    import time
+
+    from carbonledger.ledger import KINDS, link_hash, normalize
+
+    if target_kind not in ("request", "interval", "idle"):
+        raise ServiceError(f"target_kind must be request, interval or idle, got {target_kind!r}")
+    if not reason.strip():
+        raise ServiceError("an adjustment needs a reason")
+    if not actor.strip():
+        raise ServiceError("an adjustment needs an actor (who made it)")
+    model = {"request": LedgerRequest, "interval": LedgerInterval, "idle": LedgerIdle}[target_kind]
+    key = "request_id" if target_kind == "request" else "interval_id"
+    if not model.objects.filter(**{key: target_id}).exists():
+        raise ServiceError(f"no {target_kind} '{target_id}' in the ledger")
+    LedgerChain.objects.get_or_create(chain_id=ADJUSTMENT_CHAIN)
+    chain = LedgerChain.objects.select_for_update().get(chain_id=ADJUSTMENT_CHAIN)
+    kind = KINDS["adjustment"]
+    record = {
+        "target_kind": target_kind,
+        "target_id": target_id,
+        "energy_delta_uj": int(energy_delta_uj),
+        "reason": reason.strip(),
+        "actor": actor.strip(),
+        "created_ns": time.time_ns(),
+    }
+    values = normalize(kind, record)
+    seq = chain.head_seq + 1
+    digest = link_hash(chain.head_hash, "adjustment", seq, values)
+    adj = LedgerAdjustment.objects.create(
+        chain=chain, seq=seq, prev_hash=chain.head_hash, hash=digest, **record
+    )
+    chain.head_seq = seq
+    chain.head_hash = digest
+    chain.save(update_fields=["head_seq", "head_hash"])
+    return adj

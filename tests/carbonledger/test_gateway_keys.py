@@ -26,6 +26,7 @@ def project_server(settings, tmp_path: Path) -> Iterator[str]:
     shutil.copytree(DEMO / "linear", tmp_path / "models" / "linear")
     settings.MODEL_REPOSITORY = tmp_path / "models"
     settings.API_KEY_CACHE_SECONDS = 0.0  # revocation takes effect at once in this test
+    settings.SPOOL_DIR = tmp_path / "spool"
     from carbonledger.asgi import Router
 
     with serve_asgi(Router()) as address:

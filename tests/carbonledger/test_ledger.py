@@ -1,0 +1,230 @@
+"""The ledger: spool -> database writer, hash chain, verify_ledger against SQL tampering, adjustments."""
+
+from __future__ import annotations
+
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+from django.db.models import Sum
+from rest_framework.test import APIClient
+
+from carbonledger.ledger_verify import verify_all
+from carbonledger.ledger_writer import LedgerWriter
+from carbonledger.models import (
+    Device,
+    LedgerAdjustment,
+    LedgerBatch,
+    LedgerChain,
+    LedgerIdle,
+    LedgerInterval,
+    LedgerRequest,
+    LedgerRequestEnergy,
+)
+from carbonledger.services import ServiceError, api_key_create, ledger_adjust
+from inference.spool import Spool
+from tests.factories import OrganizationFactory
+from tests.support.ledger import lines_for_batch
+
+pytestmark = pytest.mark.django_db
+
+
+def drained(spool_dir: Path, chunks: list[list[bytes]]) -> Spool:
+    spool = Spool(spool_dir)
+    for chunk in chunks:
+        spool.append(b"".join(chunk))
+    writer = LedgerWriter(spool)
+    writer.recover()
+    writer.drain_all()
+    return spool
+
+
+def test_writer_moves_spooled_records_into_the_chained_ledger(tmp_path: Path) -> None:
+    org = OrganizationFactory()
+    lines, ids = lines_for_batch(org.pk, requests=3)
+    spool = drained(tmp_path / "spool", [lines])
+    assert set(LedgerRequest.objects.values_list("request_id", flat=True)) == set(ids)
+    assert (
+        LedgerBatch.objects.count() == 1
+        and LedgerInterval.objects.count() == 1
+        and LedgerIdle.objects.count() == 1
+    )
+    assert Device.objects.get(device_id="cpu-model").method == "modelled"
+    chain = LedgerChain.objects.get(chain_id=spool.chain_id)
+    assert chain.head_seq == 1 + 3 + 1 + 1 + 3  # batch, requests, interval, idle, parts
+    assert [r.broken for r in verify_all()] == [None]
+    assert spool.backlog_bytes == 0
+    spool.close()
+
+
+def test_every_interval_conserves_energy_in_the_database(tmp_path: Path) -> None:
+    org = OrganizationFactory()
+    chunks = [
+        lines_for_batch(org.pk, requests=n, energy_uj=1_234_567 * n, idle_uj=1000 * n)[0] for n in (1, 2, 5)
+    ]
+    drained(tmp_path / "spool", chunks).close()
+    for interval in LedgerInterval.objects.all():
+        parts = LedgerRequestEnergy.objects.filter(interval_id=interval.interval_id).aggregate(
+            s=Sum("energy_uj")
+        )["s"]
+        idle = LedgerIdle.objects.get(interval_id=interval.interval_id).energy_uj
+        assert parts + idle == interval.energy_uj
+
+
+def test_restart_replays_only_what_was_not_committed(tmp_path: Path) -> None:
+    org = OrganizationFactory()
+    first, first_ids = lines_for_batch(org.pk)
+    drained(tmp_path / "spool", [first]).close()
+    # A new process: more records reach the spool, then it dies before draining them.
+    second, second_ids = lines_for_batch(org.pk)
+    spool = Spool(tmp_path / "spool")
+    spool.append(b"".join(second))
+    spool.close()
+    # Restart: the writer recovers the checkpoint from the database and replays the rest.
+    drained(tmp_path / "spool", []).close()
+    ids = list(LedgerRequest.objects.values_list("request_id", flat=True))
+    assert sorted(ids) == sorted(first_ids + second_ids)
+    assert [r.broken for r in verify_all()] == [None]
+
+
+def test_a_request_spooled_twice_is_written_once_and_the_chain_stays_intact(tmp_path: Path) -> None:
+    org = OrganizationFactory()
+    lines, ids = lines_for_batch(org.pk)
+    drained(tmp_path / "spool", [lines]).close()
+    drained(tmp_path / "spool", [lines]).close()  # the same records again (a replay gone wrong)
+    assert LedgerRequest.objects.filter(request_id__in=ids).count() == len(ids)
+    assert LedgerRequestEnergy.objects.count() == len(ids)
+    assert [r.broken for r in verify_all()] == [None]
+
+
+def _ledger_with_records(tmp_path: Path) -> None:
+    org = OrganizationFactory()
+    drained(tmp_path / "spool", [lines_for_batch(org.pk)[0], lines_for_batch(org.pk)[0]]).close()
+    call_command("verify_ledger", stdout=StringIO())  # intact before tampering
+
+
+def _broken_message() -> str:
+    with pytest.raises(CommandError) as err:
+        call_command("verify_ledger", stdout=StringIO())
+    return str(err.value)
+
+
+def test_verify_ledger_detects_a_changed_field(tmp_path: Path) -> None:
+    _ledger_with_records(tmp_path)
+    target = LedgerRequest.objects.order_by("seq")[1]
+    with connection.cursor() as cur:
+        cur.execute("UPDATE ledger_request SET work_units = work_units + 1 WHERE id = %s", [target.pk])
+    message = _broken_message()
+    assert f"seq {target.seq}" in message and "do not match its hash" in message
+
+
+def test_verify_ledger_detects_a_deleted_record(tmp_path: Path) -> None:
+    _ledger_with_records(tmp_path)
+    target = LedgerRequest.objects.order_by("seq")[2]
+    LedgerRequestEnergy.objects.filter(request_id=target.request_id).delete()
+    with connection.cursor() as cur:
+        cur.execute("DELETE FROM ledger_request WHERE id = %s", [target.pk])
+    message = _broken_message()
+    assert f"seq {target.seq} is missing" in message
+
+
+def test_verify_ledger_detects_an_inserted_record(tmp_path: Path) -> None:
+    _ledger_with_records(tmp_path)
+    source = LedgerRequest.objects.order_by("seq")[1]
+    forged_seq = source.seq + 1
+    with connection.cursor() as cur:
+        # Make room for a forged record by shifting every later record's seq.
+        for table in (
+            "ledger_batch",
+            "ledger_request",
+            "ledger_interval",
+            "ledger_idle",
+            "ledger_request_energy",
+        ):
+            cur.execute(f"UPDATE {table} SET seq = seq + 1000000 WHERE seq >= %s", [forged_seq])
+            cur.execute(f"UPDATE {table} SET seq = seq - 1000000 + 1 WHERE seq >= 1000000")
+    LedgerRequest.objects.create(
+        chain=source.chain,
+        seq=forged_seq,
+        prev_hash=source.hash,
+        hash=source.hash,
+        request_id="forged",
+        model="linear",
+        version="1",
+        batch_id=source.batch_id,
+        device_id="cpu-model",
+        received_ns=1,
+        started_ns=1,
+        finished_ns=1,
+        queue_ns=0,
+        compute_ns=0,
+        work_units=1,
+        organization_id=source.organization_id,
+    )
+    message = _broken_message()
+    assert f"seq {forged_seq}" in message
+
+
+def test_verify_ledger_detects_two_records_swapped(tmp_path: Path) -> None:
+    _ledger_with_records(tmp_path)
+    a, b = LedgerRequest.objects.order_by("seq")[:2]
+    with connection.cursor() as cur:
+        cur.execute("UPDATE ledger_request SET seq = -1 WHERE id = %s", [a.pk])
+        cur.execute("UPDATE ledger_request SET seq = %s WHERE id = %s", [a.seq, b.pk])
+        cur.execute("UPDATE ledger_request SET seq = %s WHERE id = %s", [b.seq, a.pk])
+    message = _broken_message()
+    assert f"seq {a.seq}" in message and "prev_hash" in message
+
+
+def test_verify_ledger_detects_the_newest_records_deleted(tmp_path: Path) -> None:
+    _ledger_with_records(tmp_path)
+    last = LedgerRequestEnergy.objects.order_by("-seq").first()
+    assert last is not None
+    LedgerRequestEnergy.objects.filter(pk=last.pk).delete()
+    assert "the newest records were deleted" in _broken_message()
+
+
+def test_adjustment_is_an_appended_chained_entry_and_changes_no_record(tmp_path: Path) -> None:
+    org = OrganizationFactory()
+    lines, ids = lines_for_batch(org.pk)
+    drained(tmp_path / "spool", [lines]).close()
+    before = LedgerRequest.objects.get(request_id=ids[0]).hash
+    adj = ledger_adjust(
+        target_kind="request",
+        target_id=ids[0],
+        energy_delta_uj=-5,
+        reason="meter drift",
+        actor="auditor@acme",
+    )
+    assert LedgerAdjustment.objects.get(pk=adj.pk).reason == "meter drift"
+    assert LedgerRequest.objects.get(request_id=ids[0]).hash == before
+    assert all(r.broken is None for r in verify_all())
+    with pytest.raises(ServiceError, match="needs a reason"):
+        ledger_adjust(target_kind="request", target_id=ids[0], energy_delta_uj=1, reason=" ", actor="x")
+    with pytest.raises(ServiceError, match="no request 'nope'"):
+        ledger_adjust(target_kind="request", target_id="nope", energy_delta_uj=1, reason="r", actor="x")
+
+
+def test_request_api_returns_final_energy_and_hides_other_organizations(tmp_path: Path) -> None:
+    mine, theirs = OrganizationFactory(), OrganizationFactory()
+    lines, ids = lines_for_batch(mine.pk, requests=2, energy_uj=2_000_000, idle_uj=0)
+    drained(tmp_path / "spool", [lines]).close()
+    client = APIClient()
+    client.credentials(
+        HTTP_AUTHORIZATION=f"Bearer {api_key_create(organization=mine, scopes='read').raw_key}"
+    )
+    body = client.get(f"/api/v1/requests/{ids[0]}").json()
+    assert body["energy_j"] == 1.0 and body["energy_final"] is True and body["method"] == "modelled"
+    other = APIClient()
+    other.credentials(
+        HTTP_AUTHORIZATION=f"Bearer {api_key_create(organization=theirs, scopes='read').raw_key}"
+    )
+    assert other.get(f"/api/v1/requests/{ids[0]}").status_code == 404
+    infer_only = APIClient()
+    infer_only.credentials(
+        HTTP_AUTHORIZATION=f"Bearer {api_key_create(organization=mine, scopes='infer').raw_key}"
+    )
+    assert infer_only.get(f"/api/v1/requests/{ids[0]}").status_code == 403

@@ -1,0 +1,110 @@
+"""Spool lines in the recorder's format, for ledger tests that need no gateway."""
+
+from __future__ import annotations
+
+import itertools
+
+import orjson
+
+_ids = itertools.count(1)
+
+
+def lines_for_batch(
+    organization_id: int | None,
+    requests: int = 3,
+    energy_uj: int = 1_000_000,
+    idle_uj: int = 100_000,
+    device_id: str = "cpu-model",
+    prefix: str = "t",
+) -> tuple[list[bytes], list[str]]:
+    """One batch, its requests, one interval with its idle line, and every request's part."""
+    n = next(_ids)
+    batch_id, interval_id = f"{prefix}.b{n}", f"{prefix}.i{n}"
+    t0 = 1_800_000_000_000_000_000 + n * 1_000_000_000
+    request_ids = [f"{prefix}.r{n}.{i}" for i in range(requests)]
+    shares = [(energy_uj - idle_uj) // requests] * requests
+    shares[0] += (energy_uj - idle_uj) - sum(shares)
+    records: list[dict[str, object]] = [
+        {
+            "k": "device",
+            "device_id": device_id,
+            "kind": "cpu",
+            "method": "modelled",
+            "relative_uncertainty": 0.3,
+        },
+        {
+            "k": "batch",
+            "batch_id": batch_id,
+            "model": "linear",
+            "version": "1",
+            "device_id": device_id,
+            "instance": 0,
+            "start_ns": t0 + 10,
+            "end_ns": t0 + 2_000_010,
+            "requests": requests,
+            "rows": requests,
+            "status": "ok",
+        },
+    ]
+    for rid in request_ids:
+        records.append(
+            {
+                "k": "req",
+                "request_id": rid,
+                "client_request_id": "",
+                "organization_id": organization_id,
+                "api_key_id": None,
+                "model": "linear",
+                "version": "1",
+                "batch_id": batch_id,
+                "device_id": device_id,
+                "received_ns": t0,
+                "started_ns": t0 + 10,
+                "finished_ns": t0 + 2_000_010,
+                "queue_ns": 10,
+                "compute_ns": 2_000_000,
+                "work_units": 256,
+                "status": "ok",
+            }
+        )
+    records.append(
+        {
+            "k": "interval",
+            "interval_id": interval_id,
+            "device_id": device_id,
+            "method": "modelled",
+            "relative_uncertainty": 0.3,
+            "t0_ns": t0,
+            "t1_ns": t0 + 1_000_000_000,
+            "counter_start_j": n * 10.0,
+            "counter_end_j": n * 10.0 + energy_uj / 1e6,
+            "energy_uj": energy_uj,
+            "idle_uj": idle_uj,
+            "busy_ns": 2_000_000,
+            "idle_ns": 998_000_000,
+        }
+    )
+    records.append(
+        {
+            "k": "idle",
+            "interval_id": interval_id,
+            "device_id": device_id,
+            "t0_ns": t0,
+            "t1_ns": t0 + 1_000_000_000,
+            "energy_uj": idle_uj,
+            "idle_ns": 998_000_000,
+            "idle_power_w": 0.1,
+        }
+    )
+    for rid, share in zip(request_ids, shares, strict=True):
+        records.append(
+            {
+                "k": "energy",
+                "request_id": rid,
+                "interval_id": interval_id,
+                "batch_id": batch_id,
+                "energy_uj": share,
+                "final": True,
+            }
+        )
+    return [orjson.dumps(r) + b"\n" for r in records], request_ids
