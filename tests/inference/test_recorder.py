@@ -1,0 +1,208 @@
+"""The ledger recorder on the hot path, without Django: spool before answer, ids, conservation."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from inference.batcher import BatchTiming, Pending
+from inference.config import load_config
+from inference.errors import InferenceError
+from inference.gateway import InferCall, Principal
+from inference.kserve import InferRequest
+from inference.meters.base import Meter
+from inference.recorder import LedgerRecorder, LedgerUnavailable, RecorderOptions, work_units
+from inference.repository import ModelVersion
+from inference.spool import Spool, SpoolPosition
+from tests.support.models import DEMO
+
+
+class FakeMeter(Meter):
+    """A meter whose counter the test drives: constant power on the test's clock."""
+
+    def __init__(self, clock: list[int], power_w: float = 50.0) -> None:
+        super().__init__("fake-cpu", clock_ns=lambda: clock[0])
+        self._clock = clock
+        self.power_w = power_w
+        self._t0 = clock[0]
+
+    @property
+    def method(self) -> Any:
+        return "modelled"
+
+    def device_info(self) -> dict[str, str]:
+        return {"name": "fake"}
+
+    def _start(self) -> None:
+        self._t0 = self._clock[0]
+
+    def _read(self) -> tuple[float, int]:
+        now = self._clock[0]
+        return self.power_w * (now - self._t0) / 1e9, now
+
+
+PRINCIPAL = Principal(7, "acme", 70, frozenset({"infer"}))
+
+
+def call(rows: int = 1) -> Pending:
+    x = np.zeros((rows, 256), dtype=np.float32)
+    req = InferRequest(
+        id="client-1",
+        parameters={},
+        inputs={"x": x},
+        datatypes={"x": "FP32"},
+        outputs=None,
+        binary_output_all=False,
+    )
+    payload = InferCall(req, None, PRINCIPAL, 0)  # type: ignore[arg-type]
+    p = Pending(payload, rows=rows)
+    return p
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[tuple[LedgerRecorder, Spool, list[int], Any]]:
+    clock = [1_000_000_000]
+    spool = Spool(tmp_path / "spool")
+    meter = FakeMeter(clock)
+    recorder = LedgerRecorder(
+        spool,
+        [(meter, "test")],
+        RecorderOptions(sample_interval_s=3600, boundary_min_interval_s=0, idle_power_w=10.0),
+        clock_ns=lambda: clock[0],
+        wall_ns=lambda: 1_700_000_000_000_000_000,
+    )
+    recorder.start()
+    mv = ModelVersion(load_config(DEMO / "linear"), "1", DEMO / "linear" / "1")
+    hook = recorder.hook_for(mv)
+    yield recorder, spool, clock, hook
+    recorder._stop.set()
+    spool.close()
+
+
+def spooled(spool: Spool) -> list[dict[str, Any]]:
+    lines, _ = spool.read(SpoolPosition.start())
+    return [orjson.loads(line) for line in lines]
+
+
+def run_batch(hook: Any, clock: list[int], batch: list[Pending], start_ns: int, end_ns: int) -> None:
+    hook.begin(0, batch)
+    clock[0] = end_ns
+    hook.end(0, batch, BatchTiming(start_ns, end_ns, 0, end_ns - start_ns, 0), None)
+
+
+def test_batch_and_requests_are_spooled_before_the_answer_with_ledger_ids(setup: Any) -> None:
+    _, spool, clock, hook = setup
+    batch = [call(), call(2)]
+    for p in batch:
+        p.enqueued_ns = clock[0]
+    run_batch(hook, clock, batch, clock[0] + 1000, clock[0] + 2_000_000)
+    records = spooled(spool)
+    reqs = [r for r in records if r["k"] == "req"]
+    assert [r["request_id"] for r in reqs] == [p.payload.ledger_id for p in batch]
+    assert reqs[0]["organization_id"] == 7 and reqs[0]["api_key_id"] == 70
+    assert reqs[0]["client_request_id"] == "client-1"
+    assert [r["work_units"] for r in reqs] == [256, 512]
+    (b,) = [r for r in records if r["k"] == "batch"]
+    assert b["requests"] == 2 and b["rows"] == 3 and b["status"] == "ok"
+
+
+def test_closed_intervals_conserve_energy_exactly_in_the_spool(setup: Any) -> None:
+    recorder, spool, clock, hook = setup
+    t = clock[0]
+    for i in range(5):
+        batch = [call() for _ in range(i + 1)]
+        for p in batch:
+            p.enqueued_ns = t
+        run_batch(hook, clock, batch, t + 1_000_000, t + 3_000_000)
+        t += 7_000_000
+        clock[0] = t
+    recorder.stop()
+    records = spooled(spool)
+    intervals = {r["interval_id"]: r for r in records if r["k"] == "interval"}
+    idle = {r["interval_id"]: r["energy_uj"] for r in records if r["k"] == "idle"}
+    parts: dict[str, int] = {}
+    for r in records:
+        if r["k"] == "energy":
+            parts[r["interval_id"]] = parts.get(r["interval_id"], 0) + r["energy_uj"]
+    assert intervals
+    for iid, interval in intervals.items():
+        assert parts.get(iid, 0) + idle[iid] == interval["energy_uj"]
+    total = sum(i["energy_uj"] for i in intervals.values())
+    assert total == pytest.approx(50.0 * (t - 1_000_000_000) / 1e9 * 1e6, abs=5)
+    requests = {r["request_id"] for r in records if r["k"] == "req"}
+    final = {r["request_id"] for r in records if r["k"] == "energy" and r["final"]}
+    assert final == requests  # every request's energy is final once its interval closed
+
+
+def test_a_full_spool_refuses_new_requests_and_fails_unrecordable_batches(tmp_path: Path) -> None:
+    clock = [1_000_000_000]
+    spool = Spool(tmp_path / "spool", max_backlog_bytes=70_000)
+    recorder = LedgerRecorder(
+        spool,
+        [(FakeMeter(clock), "test")],
+        RecorderOptions(sample_interval_s=3600),
+        clock_ns=lambda: clock[0],
+    )
+    recorder.start()
+    mv = ModelVersion(load_config(DEMO / "linear"), "1", DEMO / "linear" / "1")
+    hook = recorder.hook_for(mv)
+    recorder.admit()  # room left
+    spool.append(b"x" * (70_000 - spool.backlog_bytes - 100) + b"\n")
+    with pytest.raises(LedgerUnavailable) as refused:
+        recorder.admit()
+    assert refused.value.status == 503 and "spool is full" in refused.value.message
+    with pytest.raises(InferenceError, match="was not recorded"):
+        run_batch(hook, clock, [call() for _ in range(50)], clock[0], clock[0] + 1000)
+    recorder._stop.set()
+    spool.close()
+
+
+def test_work_units_follow_the_model_parameter(setup: Any) -> None:
+    _, _, _, hook = setup
+    p = call(3)
+    assert work_units(hook.spec, p) == 3 * 256
+    from dataclasses import replace
+
+    assert work_units(replace(hook.spec, parameters={"work_units": "rows"}), p) == 3
+    p.payload.inputs["x"][0, :5] = 1.0
+    spec = replace(hook.spec, parameters={"work_units": "tokens", "work_units_input": "x"})
+    assert work_units(spec, p) == 5
+
+
+def test_batches_from_several_threads_keep_conservation(setup: Any) -> None:
+    recorder, spool, clock, hook = setup
+    real_clock = time.monotonic_ns
+    recorder._clock = real_clock
+
+    def worker(index: int) -> None:
+        for _ in range(20):
+            batch = [call()]
+            batch[0].enqueued_ns = real_clock()
+            hook.begin(index, batch)
+            start = real_clock()
+            time.sleep(0.001)
+            end = real_clock()
+            clock[0] = end
+            hook.end(index, batch, BatchTiming(start, end, 0, end - start, 0), None)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    clock[0] = real_clock() + 1_000_000
+    recorder.stop()
+    records = spooled(spool)
+    assert len([r for r in records if r["k"] == "req"]) == 60
+    for interval in (r for r in records if r["k"] == "interval"):
+        iid = interval["interval_id"]
+        parts = sum(r["energy_uj"] for r in records if r["k"] == "energy" and r["interval_id"] == iid)
+        idle = next(r["energy_uj"] for r in records if r["k"] == "idle" and r["interval_id"] == iid)
+        assert parts + idle == interval["energy_uj"]
