@@ -91,6 +91,13 @@ class InferCall:
         self.ledger_id: str | None = None  # set by the ledger recorder before the answer is delivered
 
 
+class KeyStoreUnavailable(InferenceError):
+    status = 503
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", b"1")]
+
+
 _TEXT_EMPTY = [(b"content-type", b"text/plain"), (b"content-length", b"0")]
 
 
@@ -168,14 +175,10 @@ class Gateway:
 
     # -- auth --------------------------------------------------------------------------------
 
-    async def _principal(self, scope: Scope) -> Principal | None:
+    async def _principal(self, headers: dict[bytes, bytes]) -> Principal | None:
         if self._resolve_key is None:
             return None
-        raw: bytes | None = None
-        for k, v in scope["headers"]:
-            if k == b"authorization":
-                raw = v
-                break
+        raw = headers.get(b"authorization")
         if raw is None:
             raise Unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
         scheme, _, token = raw.decode("latin-1").partition(" ")
@@ -187,14 +190,27 @@ class Gateway:
         if hit is not None and hit[1] > now:
             principal = hit[0]
         else:
-            found = await self._resolve_key(token)
-            if found is None:
-                self._key_cache.pop(token, None)
-                raise Unauthorized("invalid or revoked API key")
-            principal = found
-            if len(self._key_cache) > 10_000:
-                self._key_cache.clear()
-            self._key_cache[token] = (principal, now + self._key_cache_s)
+            try:
+                found = await self._resolve_key(token)
+            except Exception as exc:
+                # The key store (the database) is unreachable. A key that was valid moments ago
+                # stays valid through the outage, so serving goes on while the spool has room;
+                # an unknown key cannot be checked and is refused as unavailable, not as invalid.
+                if hit is not None:
+                    log.warning("API key lookup failed (%s); using the last known answer for this key", exc)
+                    principal = hit[0]
+                else:
+                    raise KeyStoreUnavailable(
+                        "cannot check the API key right now: the key store is unreachable; retry shortly"
+                    ) from exc
+            else:
+                if found is None:
+                    self._key_cache.pop(token, None)
+                    raise Unauthorized("invalid or revoked API key")
+                principal = found
+                if len(self._key_cache) > 10_000:
+                    self._key_cache.clear()
+                self._key_cache[token] = (principal, now + self._key_cache_s)
         if "infer" not in principal.scopes:
             raise Forbidden("this API key lacks the 'infer' scope")
         return principal
@@ -241,7 +257,8 @@ class Gateway:
             if path.startswith("/v2/health/"):
                 await self._health(path, send)
                 return
-            principal = await self._principal(scope)
+            headers = _wanted_headers(scope)
+            principal = await self._principal(headers)
             parts = path.split("/")
             # ['', 'v2', 'models', name, ('versions', v)?, action?]
             if path in ("/v2", "/v2/"):
@@ -269,7 +286,7 @@ class Gateway:
             if action == "infer":
                 if method != "POST":
                     raise InferenceError(f"use POST for {path}", 405)
-                await self._infer(scope, receive, send, name, version, principal)
+                await self._infer(headers, receive, send, name, version, principal)
             elif action == "":
                 await self._metadata(send, name, version)
             elif action == "ready":
@@ -368,19 +385,16 @@ class Gateway:
         ]
         return prometheus_text(entries)
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+    async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
         limit = self.options.max_body_bytes
-        for k, v in scope["headers"]:
-            if k == b"content-length":
-                try:
-                    declared = int(v)
-                except ValueError:
-                    raise InvalidInput("Content-Length is not a number") from None
-                if declared > limit:
-                    raise PayloadTooLarge(
-                        f"request body of {declared} bytes exceeds the limit of {limit} bytes"
-                    )
-                break
+        raw_length = headers.get(b"content-length")
+        if raw_length is not None:
+            try:
+                declared = int(raw_length)
+            except ValueError:
+                raise InvalidInput("Content-Length is not a number") from None
+            if declared > limit:
+                raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
         message = await receive()
         body: bytes = message.get("body", b"")
         if not message.get("more_body"):
@@ -400,7 +414,7 @@ class Gateway:
 
     async def _infer(
         self,
-        scope: Scope,
+        headers: dict[bytes, bytes],
         receive: Receive,
         send: Send,
         name: str,
@@ -410,12 +424,8 @@ class Gateway:
         received = time.monotonic_ns()
         mv = self.repository.version(name, version)
         spec = mv.spec
-        body = await self._read_body(scope, receive)
-        header_len: bytes | None = None
-        for k, v in scope["headers"]:
-            if k == b"inference-header-content-length":
-                header_len = v
-                break
+        body = await self._read_body(headers, receive)
+        header_len = headers.get(b"inference-header-content-length")
         try:
             req = decode_request(body, parse_header_length(header_len, len(body)))
             rows = validate_request(spec, req)
@@ -463,6 +473,14 @@ class Gateway:
                 }
             )
             await send({"type": "http.response.body", "body": payload})
+
+
+_WANTED = frozenset({b"authorization", b"content-length", b"inference-header-content-length"})
+
+
+def _wanted_headers(scope: Scope) -> dict[bytes, bytes]:
+    """The few request headers the gateway reads, in one pass (names arrive lower-cased)."""
+    return {k: v for k, v in scope["headers"] if k in _WANTED}
 
 
 def _complete(items: list[tuple[Pending, Any]]) -> None:

@@ -106,6 +106,9 @@ class LedgerRecorder:
         self._batch_end_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Interval lines the spool refused (full): kept, in order, and written first next time.
+        self._unspooled: list[bytes] = []
+        self._unspooled_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -131,7 +134,10 @@ class LedgerRecorder:
                 + b"\n"
             )
             self._read(dev)
-        self.spool.append(b"".join(lines))
+        try:
+            self._spool_or_keep(lines)
+        except SpoolFull:
+            log.warning("ledger spool full at start-up: device records wait in memory until it drains")
         self._thread = threading.Thread(target=self._run, name="energy-meter", daemon=True)
         self._thread.start()
 
@@ -145,7 +151,13 @@ class LedgerRecorder:
                 self._read(dev)
             except Exception:
                 log.exception("final reading of %s failed", dev.device_id)
-        self._flush()
+        try:
+            self._flush()
+        except SpoolFull:
+            log.error(
+                "ledger spool full at shutdown: %d interval lines could not be spooled and are lost",
+                len(self._unspooled),
+            )
         for dev in self.devices:
             try:
                 dev.meter.close()
@@ -227,8 +239,24 @@ class LedgerRecorder:
         for dev in self.devices:
             for alloc in dev.accountant.drain():
                 lines.extend(self._interval_lines(dev, alloc))
-        if lines:
-            self.spool.append(b"".join(lines))
+        self._spool_or_keep(lines)
+
+    def _spool_or_keep(self, lines: list[bytes]) -> None:
+        """Append ``lines`` after any kept earlier; if the spool is full, keep them all for later.
+
+        Measured energy is never dropped: it waits in memory (small: a few lines per device
+        and second) until the database drains the spool.
+        """
+        with self._unspooled_lock:
+            pending = self._unspooled + lines
+            if not pending:
+                return
+            try:
+                self.spool.append(b"".join(pending))
+            except SpoolFull:
+                self._unspooled = pending
+                raise
+            self._unspooled = []
 
     def _interval_lines(self, dev: DeviceAccount, a: IntervalAllocation) -> list[bytes]:
         iid = f"{self._prefix}.i{next(self._interval_ids)}"

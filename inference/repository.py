@@ -191,10 +191,14 @@ class ModelEntry:
         self.reason = reason
         self.versions: dict[str, ModelVersion] = {}
         self.metadata_bytes = b""
+        self._ready: list[ModelVersion] | None = None
 
     @property
     def ready_versions(self) -> list[ModelVersion]:
-        return sorted((v for v in self.versions.values() if v.ready), key=lambda v: int(v.version))
+        # Computed once after loading (build_metadata); readiness does not change while serving.
+        if self._ready is None:
+            self._ready = sorted((v for v in self.versions.values() if v.ready), key=lambda v: int(v.version))
+        return self._ready
 
     def build_metadata(self) -> None:
         spec = self.spec

@@ -1,0 +1,189 @@
+"""Ledger ingest: request records per second from the spool into SQLite or PostgreSQL, sustained.
+
+A producer thread spools a realistic mix as the gateway would (per batch of 16 requests: one
+batch record, 16 request records, and, per closed interval, the interval, its idle line and
+one energy part per request); the real LedgerWriter drains it into the database (hash chain,
+COPY on PostgreSQL, executemany on SQLite). The producer keeps a bounded backlog ahead of the
+writer, so the measured rate is the writer's. Reports request records/s over the whole run,
+the process's peak RSS, and checks the chain afterwards.
+
+Usage:
+  .venv/bin/python bench/ledger_ingest.py --db sqlite --seconds 60
+  .venv/bin/python bench/ledger_ingest.py --db postgres --seconds 60   # fresh database on 127.0.0.1:5432
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def configure(db: str, workdir: Path) -> str:
+    os.environ["CARBONLEDGER_VAR_DIR"] = str(workdir)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "carbonledger.settings"
+    if db == "sqlite":
+        url = f"sqlite:///{workdir / 'ingest.sqlite3'}"
+    else:
+        import psycopg
+
+        name = f"cl_bench_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        url = f"postgres://postgres@127.0.0.1:5432/{name}"
+    os.environ["DATABASE_URL"] = url
+    return url
+
+
+def drop_database(url: str) -> None:
+    if url.startswith("postgres"):
+        import psycopg
+
+        name = url.rsplit("/", 1)[1]
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def batch_lines(n: int, org_id: int, t0: int) -> tuple[bytes, int]:
+    """Spool lines for batch ``n`` of 16 requests and its interval; returns (bytes, requests)."""
+    reqs = 16
+    b = f"bench.b{n}"
+    i = f"bench.i{n}"
+    start, end = t0 + n * 4_000_000, t0 + n * 4_000_000 + 2_000_000
+    out = [
+        f'{{"k":"batch","batch_id":"{b}","model":"linear","version":"1","device_id":"cpu-model","instance":0,'
+        f'"start_ns":{start},"end_ns":{end},"requests":{reqs},"rows":{reqs},"status":"ok"}}'
+    ]
+    for r in range(reqs):
+        out.append(
+            f'{{"k":"req","request_id":"{b}.r{r}","client_request_id":"","organization_id":{org_id},'
+            f'"api_key_id":null,"model":"linear","version":"1","batch_id":"{b}","device_id":"cpu-model",'
+            f'"received_ns":{start - 500_000},"started_ns":{start},"finished_ns":{end},"queue_ns":500000,'
+            f'"compute_ns":2000000,"work_units":256,"status":"ok"}}'
+        )
+    out.append(
+        f'{{"k":"interval","interval_id":"{i}","device_id":"cpu-model","method":"modelled",'
+        f'"relative_uncertainty":0.3,"t0_ns":{start},"t1_ns":{end + 2_000_000},"counter_start_j":{n * 0.2},'
+        f'"counter_end_j":{n * 0.2 + 0.2},"energy_uj":200000,"idle_uj":8000,"busy_ns":2000000,"idle_ns":2000000}}'
+    )
+    out.append(
+        f'{{"k":"idle","interval_id":"{i}","device_id":"cpu-model","t0_ns":{start},"t1_ns":{end + 2_000_000},'
+        f'"energy_uj":8000,"idle_ns":2000000,"idle_power_w":2.0}}'
+    )
+    for r in range(reqs):
+        out.append(
+            f'{{"k":"energy","request_id":"{b}.r{r}","interval_id":"{i}","batch_id":"{b}","energy_uj":12000,"final":true}}'
+        )
+    return ("\n".join(out) + "\n").encode(), reqs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--backlog-mb", type=float, default=32.0, help="how far the producer runs ahead")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="ledger-ingest-"))
+    url = configure(args.db, workdir)
+    try:
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        from carbonledger.ledger_verify import verify_all
+        from carbonledger.ledger_writer import LedgerWriter
+        from carbonledger.models import LedgerRequest
+        from carbonledger.services import organization_create
+        from inference.spool import Spool
+
+        org = organization_create(slug="bench")
+        spool = Spool(workdir / "spool", max_backlog_bytes=4 << 30)
+        writer = LedgerWriter(spool)
+        writer.recover()
+        stop = threading.Event()
+        produced = [0]
+        t0 = time.time_ns()
+        backlog_limit = int(args.backlog_mb * (1 << 20))
+
+        def produce() -> None:
+            n = 0
+            while not stop.is_set():
+                if spool.backlog_bytes > backlog_limit:
+                    time.sleep(0.005)
+                    continue
+                chunk = []
+                for _ in range(64):
+                    data, reqs = batch_lines(n, org.pk, t0)
+                    chunk.append(data)
+                    produced[0] += reqs
+                    n += 1
+                spool.append(b"".join(chunk))
+
+        producer = threading.Thread(target=produce, daemon=True)
+        producer.start()
+        time.sleep(0.5)  # a backlog to start from
+        start = time.perf_counter()
+        written_lines = 0
+        while time.perf_counter() - start < args.seconds:
+            written_lines += writer.drain_once()
+        elapsed = time.perf_counter() - start
+        stop.set()
+        producer.join()
+        # The writer drains only inside the measured window, so every committed request record
+        # was written during it.
+        committed = LedgerRequest.objects.count()
+        verify_t = time.perf_counter()
+        reports = verify_all()
+        verify_s = time.perf_counter() - verify_t
+        peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        result = {
+            "benchmark": "ledger_ingest",
+            "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+            "git_commit": subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+            ).stdout.strip(),
+            "db": args.db,
+            "seconds": round(elapsed, 2),
+            "request_records": committed,
+            "chained_records": sum(r.records for r in reports),
+            "request_records_per_s": round(committed / elapsed),
+            "spool_lines_per_s": round(written_lines / elapsed),
+            "peak_rss_mb": round(peak_rss_mb, 1),
+            "chain_intact": all(r.broken is None for r in reports),
+            "verify_s": round(verify_s, 2),
+            "target_per_s": 50_000 if args.db == "postgres" else 20_000,
+        }
+        result["meets_target"] = result["request_records_per_s"] >= result["target_per_s"]
+        print(json.dumps(result, indent=2))
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stamp = result["date_utc"].replace(":", "").replace("-", "")
+        (out / f"ledger_ingest-{args.db}-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out / f"ledger_ingest-{args.db}-latest.json").write_text(json.dumps(result, indent=2) + "\n")
+        spool.close()
+        from django.db import connections
+
+        connections.close_all()
+        return 0
+    finally:
+        drop_database(url)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
