@@ -183,6 +183,13 @@ class DynamicBatcher:
         self._queues: list[deque[Pending]] = [deque() for _ in range(levels)]
         self._delayed: list[deque[Pending]] = [deque() for _ in range(levels)]
         self._queued = 0
+        self._queued_rows = 0
+        # An arrival wakes a planning instance thread only when it can change the plan (see
+        # _wants_wake); waking it on every arrival costs a GIL hand-off per request.
+        self._idle_waiters = 0
+        self._wake_rows = 0
+        self._wake_count = 0
+        self._wake_sig: Hashable = None
         self._level_sizes = [0] * levels
         self._deadlines: list[tuple[int, int, Pending]] = []
         self._seq = itertools.count(1)
@@ -217,6 +224,7 @@ class DynamicBatcher:
             for q in (*self._queues, *self._delayed):
                 q.clear()
             self._queued = 0
+            self._queued_rows = 0
             self._level_sizes = [0] * len(self._level_sizes)
             self._work.notify_all()
             self._reap.notify_all()
@@ -279,6 +287,7 @@ class DynamicBatcher:
                 p.deadline_ns = 0
             self._queues[level - 1].append(p)
             self._queued += 1
+            self._queued_rows += p.rows
             self._level_sizes[level - 1] += 1
             self._in_flight += 1
             if now - self._window_start > PEAK_WINDOW_NS:
@@ -287,7 +296,17 @@ class DynamicBatcher:
                 self._window_start = now
             if self._in_flight > self._peak_cur:
                 self._peak_cur = self._in_flight
-            self._work.notify()
+            if self._wants_wake(p):
+                self._work.notify()
+
+    def _wants_wake(self, p: Pending) -> bool:
+        """Whether an arrival can change what a planning thread decided (lock held)."""
+        return (
+            self._idle_waiters > 0
+            or self._queued_rows >= self._wake_rows
+            or self._queued >= self._wake_count
+            or p.signature != self._wake_sig
+        )
 
     def _retry_after_s(self) -> int:
         per_batch_s = (self._batch_ns_avg or 1e6) / 1e9
@@ -346,8 +365,13 @@ class DynamicBatcher:
             return count, None
         if best_pref:
             return best_pref, None
-        if policy.adaptive_delay and self._queued >= max(self._peak_cur, self._peak_prev):
+        peak = max(self._peak_cur, self._peak_prev)
+        if policy.adaptive_delay and self._queued >= peak:
             return count, None
+        # Waiting: remember what an arrival must bring to change this decision.
+        self._wake_rows = min([size for size in preferred if size > rows] + [max_pref])
+        self._wake_count = peak if policy.adaptive_delay else 1 << 62
+        self._wake_sig = sig
         return 0, oldest + policy.max_queue_delay_ns - now
 
     def _pop(self, n: int) -> list[Pending]:
@@ -361,6 +385,7 @@ class DynamicBatcher:
             if len(batch) == n:
                 break
         self._queued -= len(batch)
+        self._queued_rows -= sum(p.rows for p in batch)
         return batch
 
     def _expire_due(self, now: int) -> list[Pending]:
@@ -381,6 +406,7 @@ class DynamicBatcher:
                 continue
             p.state = DONE
             self._queued -= 1
+            self._queued_rows -= p.rows
             self._level_sizes[p.level - 1] -= 1
             self._in_flight -= 1
             rejected.append(p)
@@ -406,7 +432,14 @@ class DynamicBatcher:
                         break
                     if expired:
                         break  # deliver rejections before sleeping
-                    self._work.wait(None if wait_ns is None else wait_ns / 1e9)
+                    if wait_ns is None:
+                        self._idle_waiters += 1
+                        try:
+                            self._work.wait()
+                        finally:
+                            self._idle_waiters -= 1
+                    else:
+                        self._work.wait(wait_ns / 1e9)
             if expired:
                 self._reject_timed_out(expired)
                 if not n:
