@@ -2,8 +2,8 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python bench/compare_triton.py            # full run, about 5-7 minutes
-    .venv/bin/python bench/compare_triton.py --quick    # smoke run, about 1-2 minutes
+    .venv/bin/python bench/compare_triton.py            # full run: about 4 minutes on a quiet machine, under 10
+    .venv/bin/python bench/compare_triton.py --quick    # smoke run, about 1 minute
 
 What it does, in this order:
 
@@ -22,7 +22,7 @@ What it does, in this order:
 5. stops both servers (SIGTERM to their process groups, SIGKILL after a grace period; also at exit and
    on SIGTERM/SIGINT), writes the raw results to ``bench/results/compare_triton-<UTC>.json`` and
    ``bench/results/compare_triton-latest.json`` (``...-quick.json`` for ``--quick``, so a smoke run never
-   replaces the latest full run) and prints a markdown table.
+   replaces the latest full run; ``...-diag...`` with ``--ours-env``) and prints a markdown table.
 
 Each run also records the CPU each server's process tree, perf_analyzer and everything else on the machine
 used while it ran (``server_cpu_cores``, ``perf_analyzer_cpu_cores``, ``other_cpu_cores``).
@@ -30,9 +30,16 @@ used while it ran (``server_cpu_cores``, ``perf_analyzer_cpu_cores``, ``other_cp
 Stability: perf_analyzer's default criterion (average latency and throughput of the last three windows
 within ``--stability-percentage``); p50/p99 are read from its report, which merges those windows.
 Stabilizing on p99 (``--percentile=99``) was tried and failed to converge within 4-6 windows for both
-servers on this shared 2-core machine; ``--stability-percentile 99`` switches to it. A configuration that
-does not stabilize is run once more if the time budget allows; otherwise the mean throughput of its last
-passes is recorded, marked unstable, without percentiles.
+servers on this shared 2-core machine; ``--stability-percentile 99`` switches to it.
+
+Other people's load on the 2 shared cores lands on whichever server is being measured. Before each
+measurement the script waits (up to ``--quiet-wait`` s) for the rest of the machine to use under
+``--disturbed-cores``; a measurement during which others used more is marked disturbed. A disturbed or
+unstable measurement is run again (up to ``--retries`` times, within ``--time-budget``) and the best attempt
+is kept: stable first, then least disturbed. An unstable one keeps the mean throughput of its last passes,
+without percentiles. A server that died is restarted (at most 3 times) and the measurement repeated.
+Triton is started from a private folder that links the cached venv: ``start_triton.sh`` rewrites
+``DIR/backends`` in place with ``cp``, which kills (SIGBUS) any Triton already running from the same DIR.
 
 Exit status: 0 when every measurement ran without errors, 1 when perf_analyzer reported an error (such as
 a response that failed validation) or a measurement failed, 2 when set-up failed.
@@ -150,10 +157,11 @@ class Server:
     proc: subprocess.Popen[bytes] | None = None
     version: str = "?"
     stopped_by: str = ""
+    restarts: int = 0
 
     def start(self) -> None:
         log(f"starting {self.name} on 127.0.0.1:{self.port}")
-        with self.log_path.open("wb") as out:
+        with self.log_path.open("ab") as out:
             # Own session and process group: the whole tree (Triton's python-backend stubs too) can be
             # signalled at once, and a Ctrl-C in the terminal reaches only this script.
             self.proc = subprocess.Popen(
@@ -508,6 +516,28 @@ class Bench:
     servers: list[Server] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     remaining: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)
+
+    def ensure_alive(self, server: Server) -> str | None:
+        """Restart a server that died (at most 3 times); returns an error message if it cannot be."""
+        if server.alive():
+            return None
+        status = server.proc.returncode if server.proc else "?"
+        if server.restarts >= 3:
+            return f"{server.name} is down (status {status}) and was restarted 3 times already"
+        event = f"{time.strftime('%H:%M:%S')} {server.name} had exited (status {status}); restarted"
+        log(f"  {event}; last lines of its log:\n{tail(server.log_path, 8)}")
+        server.stop()
+        server.restarts += 1
+        server.start()
+        try:
+            wait_ready(server, self.headers, self.args.model_list)
+        except SetupError as exc:
+            self.events.append(f"{event}, but it did not come back")
+            return str(exc)
+        self.events.append(event)
+        return None
 
     def perf_analyzer(self, server: Server, model: str, concurrency: int, attempt: int) -> dict[str, Any]:
         a = self.args
@@ -567,7 +597,8 @@ class Bench:
             command=" ".join(argv).replace(self.key, "<key>"),
             perf_analyzer_cpu_cores=round((children_cpu_seconds() - cli0) / wall, 3),
             server_cpu_cores={
-                s.name: round((group_cpu_seconds(s.pgid) - srv0[s.name]) / wall, 3) for s in self.servers
+                s.name: round(max(0.0, group_cpu_seconds(s.pgid) - srv0[s.name]) / wall, 3)
+                for s in self.servers
             },
             machine_busy_cores=round(cores * (busy1 - busy0) / max(1, total1 - total0), 3),
         )
@@ -619,6 +650,14 @@ class Bench:
         a = self.args
         attempts: list[dict[str, Any]] = []
         while True:
+            down = self.ensure_alive(server)
+            if down is not None:
+                res = {"server": server.name, "model": model, "concurrency": concurrency,
+                       "attempt": len(attempts) + 1, "errors": [down], "stable": False, "passes": [],
+                       "other_cpu_cores": 0.0, "disturbed": False, "wall_s": 0.0}  # fmt: skip
+                attempts.append(res)
+                self.runs.append(res)
+                break
             quiet = self.wait_quiet()
             if quiet["machine_busy_cores_before"] > a.disturbed_cores:
                 log(
@@ -630,21 +669,26 @@ class Bench:
             res["final"] = False
             attempts.append(res)
             self.runs.append(res)
-            if res["errors"] or (res["stable"] and not res["disturbed"]):
+            died = not server.alive()
+            if (res["errors"] and not died) or (res["stable"] and not res["disturbed"]):
                 break
             if len(attempts) > a.retries or self._slack_s() < self._est_run_s():
                 break
-            why = (
-                "did not stabilize"
-                if not res["stable"]
-                else f"was disturbed ({res['other_cpu_cores']:.2f} cores used by others)"
-            )
+            if died:
+                why = f"failed: {server.name} died"
+            elif not res["stable"]:
+                why = "did not stabilize"
+            else:
+                why = f"was disturbed ({res['other_cpu_cores']:.2f} cores used by others)"
             log(f"  {server.name} {model} c={concurrency} {why}; running it again")
         self.remaining -= 1
         # Keep the best attempt: stable first, then the least disturbed.
-        best = min(attempts, key=lambda r: (not r["stable"], r["other_cpu_cores"]))
-        if any(r["errors"] for r in attempts):
-            best = next(r for r in attempts if r["errors"])
+        # Keep the best attempt: without errors, stable, least disturbed (an attempt whose only fault was
+        # that its server died is superseded by a later good one; any other error is kept and reported).
+        best = min(attempts, key=lambda r: (bool(r["errors"]), not r["stable"], r["other_cpu_cores"]))
+        real_errors = [r for r in attempts if r["errors"] and not any("died" in e for e in r["errors"])]
+        if real_errors:
+            best = real_errors[0]
         best["final"] = True
         what = (
             f"{best.get('throughput', float('nan')):.0f}/s p50 {best.get('p50_ms', float('nan')):.2f} ms "
@@ -823,6 +867,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--time-budget", type=float, default=540.0, help="seconds; no re-runs past it (default 540)"
     )
+    p.add_argument(
+        "--ours-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment for our gateway, for diagnostics (e.g. LEDGER_ENABLED=false); recorded",
+    )
     p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     p.add_argument(
         "--keep-work", action="store_true", help="keep the temporary folder (logs, perf_analyzer output)"
@@ -836,6 +887,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--concurrency must be a comma-separated list of integers, got {args.concurrency!r}")
     if not args.concurrency_list or min(args.concurrency_list) < 1:
         p.error("--concurrency needs at least one value, each >= 1")
+    args.ours_env_map = {}
+    for item in args.ours_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            p.error(f"--ours-env wants NAME=VALUE, got {item!r}")
+        args.ours_env_map[name] = value
     args.model_list = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = set(args.model_list) - set(DEFAULT_MODELS)
     if unknown or not args.model_list:
@@ -863,6 +920,7 @@ def run(args: argparse.Namespace) -> int:
             MODEL_REPOSITORY=str(models_dir),
             PYTHONUNBUFFERED="1",
         )
+        env.update(args.ours_env_map)
         log("preparing our gateway: migrate, organization, API key")
         manage(env, "migrate", "--noinput")
         manage(env, "create_organization", "bench")
@@ -879,10 +937,16 @@ def run(args: argparse.Namespace) -> int:
         while t_port <= o_port < t_port + 3:
             o_port = free_port_block(1)
         tenv = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+        # start_triton.sh copies the python backend into DIR/backends with cp, which rewrites the files
+        # in place: a second start from the same DIR (the test suite's tests/support/triton.py also uses
+        # var/triton) crashes a running Triton with SIGBUS. Start from a private DIR that links the venv.
+        triton_home = work / "triton-home"
+        triton_home.mkdir()
+        (triton_home / "venv").symlink_to(triton_dir / "venv")
         triton = Server(
             "triton",
             t_port,
-            ["bash", str(SHARED / "start_triton.sh"), str(triton_dir), str(SHARED / "models"), str(t_port)],
+            ["bash", str(SHARED / "start_triton.sh"), str(triton_home), str(SHARED / "models"), str(t_port)],
             tenv,
             work / "triton.log",
         )
@@ -911,7 +975,17 @@ def run(args: argparse.Namespace) -> int:
             s.name: round((group_cpu_seconds(s.pgid) - idle0[s.name]) / 2.0, 3) for s in servers
         }
 
-        bench = Bench(args, triton_dir, work, key, input_data, started, args.time_budget, servers=servers)
+        bench = Bench(
+            args,
+            triton_dir,
+            work,
+            key,
+            input_data,
+            started,
+            args.time_budget,
+            servers=servers,
+            headers=headers,
+        )
         bench.remaining = 2 * len(args.model_list) * len(args.concurrency_list)
         i = 0
         for model in args.model_list:
@@ -928,6 +1002,8 @@ def run(args: argparse.Namespace) -> int:
         for s in servers:
             s.stop()
     meta["stopped"] = {s.name: s.stopped_by for s in servers}
+    meta["restarts"] = {s.name: s.restarts for s in servers}
+    meta["events"] = bench.events
     meta["wall_s"] = round(time.monotonic() - started, 1)
 
     rows = summarize(bench.runs, args.model_list, args.concurrency_list)
@@ -936,6 +1012,7 @@ def run(args: argparse.Namespace) -> int:
         "meta": meta,
         "settings": {
             "quick": args.quick,
+            "ours_extra_env": args.ours_env_map,
             "models": args.model_list,
             "concurrency": args.concurrency_list,
             "measurement_interval_ms": args.measurement_interval,
@@ -954,7 +1031,7 @@ def run(args: argparse.Namespace) -> int:
     }
     args.results_dir.mkdir(parents=True, exist_ok=True)
     # A --quick smoke run never replaces the latest full run.
-    suffix = "-quick" if args.quick else ""
+    suffix = ("-quick" if args.quick else "") + ("-diag" if args.ours_env_map else "")
     out = args.results_dir / f"compare_triton-{stamp}{suffix}.json"
     latest = args.results_dir / f"compare_triton-latest{suffix}.json"
     text = json.dumps(doc, indent=1, default=str)
@@ -965,6 +1042,7 @@ def run(args: argparse.Namespace) -> int:
         f"Triton {meta.get('triton_version')} vs ours ({meta['git_commit'][:10]}), "
         f"{meta['nproc']} CPUs, Python {meta['python']}, {stamp}"
         f"{' (QUICK: smoke run, not a measurement)' if args.quick else ''}"
+        f"{f' (DIAGNOSTIC: our gateway ran with {args.ours_env_map})' if args.ours_env_map else ''}"
     )
     print()
     print(table)
@@ -980,7 +1058,7 @@ def run(args: argparse.Namespace) -> int:
             f"- linear c=32 throughput ratio {tgt['linear_c32_ratio']:.2f}x (architecture's aim: about 1.8x)"
         )
     print(f"\nraw results: {out} (and {latest})")
-    errors = [r for r in bench.runs if r["errors"]]
+    errors = [r for r in bench.runs if r["errors"] and r.get("final")]
     if args.keep_work or errors:
         print(f"work folder kept: {work}")
     else:

@@ -21,7 +21,7 @@ from django.db import DatabaseError, IntegrityError, close_old_connections, conn
 
 from carbonledger.ledger import CHAIN_COLUMNS, KINDS, RecordKind, link_hash, normalize
 from carbonledger.models import Device, LedgerChain, LedgerRequestEnergy, Site
-from inference.spool import Spool, SpoolPosition
+from inference.spool import Spool, SpoolPosition, SpoolReader
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ class LedgerWriter:
 
     def __init__(
         self,
-        spool: Spool,
+        spool: Spool | SpoolReader,
         *,
         interval_s: float = 0.2,
         max_chunk_bytes: int = 4 << 20,

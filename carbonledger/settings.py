@@ -114,6 +114,9 @@ LEDGER_ENABLED = env_bool("LEDGER_ENABLED", True)
 SPOOL_DIR = Path(env_str("SPOOL_DIR", str(VAR_DIR / "spool")))
 SPOOL_MAX_BYTES = env_int("SPOOL_MAX_BYTES", 1 << 30, minimum=1 << 16)
 LEDGER_WRITE_INTERVAL_S = env_float("LEDGER_WRITE_INTERVAL_S", 0.2, minimum=0.01)
+# "process": a drain_ledger process of its own, started by the gateway (off the event loop's
+# GIL); "thread": inside the gateway process (tests that share the test database).
+LEDGER_WRITER = env_choice("LEDGER_WRITER", "process", ("process", "thread"))
 METERS = env_str("METERS", "auto")  # auto, or a comma list of nvml, rapl, triton, cpu-model
 METER_INTERVAL_S = env_float("METER_INTERVAL_S", 1.0, minimum=0.05)
 METER_TRITON_URL = env_str(

@@ -151,9 +151,15 @@ class LedgerRecorder:
                 self._read(dev)
             except Exception:
                 log.exception("final reading of %s failed", dev.device_id)
-        try:
-            self._flush()
-        except SpoolFull:
+        # The drainer (another process) still runs: give it a few seconds to make room.
+        for _ in range(100):
+            self.spool.sync_acknowledged()
+            try:
+                self._flush()
+                break
+            except SpoolFull:
+                time.sleep(0.1)
+        else:
             log.error(
                 "ledger spool full at shutdown: %d interval lines could not be spooled and are lost",
                 len(self._unspooled),
@@ -222,6 +228,10 @@ class LedgerRecorder:
 
     def _run(self) -> None:
         while not self._stop.wait(self.options.sample_interval_s):
+            try:
+                self.spool.sync_acknowledged()  # a drainer in another process frees space
+            except Exception:
+                log.exception("reading the drainer's acknowledged position failed")
             for dev in self.devices:
                 try:
                     self._read(dev)

@@ -269,42 +269,7 @@ class Spool:
                 raise RuntimeError("spool is closed")
             current = self._current
             numbers = sorted(n for n in self._sizes if n >= position.segment)
-        records: list[bytes] = []
-        taken = 0
-        for number in numbers:
-            if taken >= max_bytes:
-                break
-            if number > position.segment:
-                # The earlier segment is exhausted (or was deleted once drained).
-                position = SpoolPosition(number, 0)
-            try:
-                with open(self.directory / segment_name(number), "rb") as f:
-                    f.seek(position.offset)
-                    data = f.read(max_bytes - taken)
-                    if data and not data.endswith(b"\n"):
-                        # Finish the record that the budget cut; at EOF this stops at a
-                        # torn tail instead.
-                        data += f.readline()
-            except FileNotFoundError:
-                continue  # acknowledged and deleted meanwhile
-            cut = data.rfind(b"\n") + 1
-            if cut:
-                records.extend(data[: cut - 1].split(b"\n"))
-                taken += cut
-                position = SpoolPosition(number, position.offset + cut)
-            if cut < len(data):
-                if number == current:
-                    # A write is in progress (readers can see part of it); it will complete.
-                    break
-                if number not in self._warned_torn:
-                    self._warned_torn.add(number)
-                    log.warning(
-                        "skipping torn tail of %d bytes in spool segment %s",
-                        len(data) - cut,
-                        self.directory / segment_name(number),
-                    )
-                position = SpoolPosition(number, position.offset + len(data) - cut)
-        return records, position
+        return _read_segments(self.directory, numbers, current, position, max_bytes, self._warned_torn)
 
     # -- draining -----------------------------------------------------------------------------
 
@@ -367,6 +332,18 @@ class Spool:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.directory / segment_name(number))
 
+    def sync_acknowledged(self) -> None:
+        """Apply the position a drainer in another process published (see SpoolReader)."""
+        try:
+            text = (self.directory / "acknowledged").read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            return
+        try:
+            position = SpoolPosition.decode(text)
+            self.acknowledge(position)
+        except ValueError as exc:
+            log.warning("ignoring the drainer's acknowledged position %r: %s", text, exc)
+
     # -- inspection and shutdown --------------------------------------------------------------
 
     def segments(self) -> list[Path]:
@@ -395,4 +372,114 @@ class Spool:
         self.close()
 
 
-__all__ = ["Spool", "SpoolFull", "SpoolLocked", "SpoolPosition", "segment_name"]
+def _read_segments(
+    directory: Path,
+    numbers: list[int],
+    current: int,
+    position: SpoolPosition,
+    max_bytes: int,
+    warned_torn: set[int],
+) -> tuple[list[bytes], SpoolPosition]:
+    """The reading shared by the writer's own Spool and a SpoolReader in another process.
+
+    ``current`` is the segment being written: a torn tail there is a write in progress (wait
+    for it); anywhere else it is what a killed process left (skip it, once, with a warning).
+    """
+    records: list[bytes] = []
+    taken = 0
+    for number in numbers:
+        if taken >= max_bytes:
+            break
+        if number > position.segment:
+            # The earlier segment is exhausted (or was deleted once drained).
+            position = SpoolPosition(number, 0)
+        try:
+            with open(directory / segment_name(number), "rb") as f:
+                f.seek(position.offset)
+                data = f.read(max_bytes - taken)
+                if data and not data.endswith(b"\n"):
+                    # Finish the record that the budget cut; at EOF this stops at a
+                    # torn tail instead.
+                    data += f.readline()
+        except FileNotFoundError:
+            continue  # acknowledged and deleted meanwhile
+        cut = data.rfind(b"\n") + 1
+        if cut:
+            records.extend(data[: cut - 1].split(b"\n"))
+            taken += cut
+            position = SpoolPosition(number, position.offset + cut)
+        if cut < len(data):
+            if number == current:
+                # A write is in progress (readers can see part of it); it will complete.
+                break
+            if number not in warned_torn:
+                warned_torn.add(number)
+                log.warning(
+                    "skipping torn tail of %d bytes in spool segment %s",
+                    len(data) - cut,
+                    directory / segment_name(number),
+                )
+            position = SpoolPosition(number, position.offset + len(data) - cut)
+    return records, position
+
+
+class SpoolReader:
+    """Read-only view of a spool directory, for a drainer in another process than the writer.
+
+    It never takes the writer's lock and never deletes: it reads complete records and
+    publishes how far the database has them in the file ``acknowledged``; the writer's Spool
+    picks that up (:meth:`Spool.sync_acknowledged`) to free segments and shrink its backlog.
+    The highest-numbered segment is taken to be the one being written.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        try:
+            self.chain_id = (self.directory / "chain_id").read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.directory} is not a spool (no chain_id file)") from None
+        self._warned_torn: set[int] = set()
+        self._position = SpoolPosition.start()
+
+    def _numbers(self) -> list[int]:
+        return sorted(
+            int(m[1])
+            for m in (_SEGMENT_NAME.fullmatch(p.name) for p in self.directory.iterdir())
+            if m is not None
+        )
+
+    def read(self, position: SpoolPosition, max_bytes: int = 8 << 20) -> tuple[list[bytes], SpoolPosition]:
+        if max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        numbers = self._numbers()
+        current = numbers[-1] if numbers else 0
+        wanted = [n for n in numbers if n >= position.segment]
+        return _read_segments(self.directory, wanted, current, position, max_bytes, self._warned_torn)
+
+    def recover(self, checkpoint: SpoolPosition) -> None:
+        self._position = checkpoint
+        self.acknowledge(checkpoint)
+
+    def acknowledge(self, position: SpoolPosition) -> None:
+        """Publish ``position`` atomically (write a temporary file, then rename it)."""
+        self._position = position
+        tmp = self.directory / f"acknowledged.{os.getpid()}.tmp"
+        tmp.write_text(position.encode() + "\n", encoding="ascii")
+        os.replace(tmp, self.directory / "acknowledged")
+
+    @property
+    def backlog_bytes(self) -> int:
+        total = 0
+        for number in self._numbers():
+            if number < self._position.segment:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                size = (self.directory / segment_name(number)).stat().st_size
+                total += size - self._position.offset if number == self._position.segment else size
+        return max(0, total)
+
+    def close(self) -> None:
+        pass
+
+
+__all__ = ["Spool", "SpoolFull", "SpoolLocked", "SpoolPosition", "SpoolReader", "segment_name"]

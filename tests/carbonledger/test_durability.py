@@ -333,4 +333,14 @@ def test_energy_of_intervals_closed_while_the_spool_is_full_reaches_the_ledger_o
         assert not lost and not holes_ms, (
             f"intervals missing from the ledger: numbers {lost[:20]}, holes of {holes_ms} ms in the metered time"
         )
-        assert without_energy == 0, f"{without_energy} answered requests never got their final energy part"
+        missing = rig.db.query(
+            "SELECT r.request_id, r.status, b.start_ns, b.end_ns, "
+            "(SELECT COUNT(*) FROM ledger_request_energy e WHERE e.request_id = r.request_id), "
+            "(SELECT MAX(t1_ns) FROM ledger_interval) FROM ledger_request r JOIN ledger_batch b "
+            "ON b.batch_id = r.batch_id WHERE NOT EXISTS (SELECT 1 FROM ledger_request_energy e "
+            "WHERE e.request_id = r.request_id AND e.final)"
+        )
+        assert without_energy == 0, (
+            f"{without_energy} answered requests never got their final energy part: "
+            f"(request, status, batch start, batch end, parts, last interval end) {missing[:5]}"
+        )

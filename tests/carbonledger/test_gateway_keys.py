@@ -27,6 +27,7 @@ def project_server(settings, tmp_path: Path) -> Iterator[str]:
     settings.MODEL_REPOSITORY = tmp_path / "models"
     settings.API_KEY_CACHE_SECONDS = 0.0  # revocation takes effect at once in this test
     settings.SPOOL_DIR = tmp_path / "spool"
+    settings.LEDGER_WRITER = "thread"  # the test database is visible to this process only
     from carbonledger.asgi import Router
 
     with serve_asgi(Router()) as address:
