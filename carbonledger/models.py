@@ -205,7 +205,7 @@ class LedgerIdle(ChainedRecord):
 class LedgerRequestEnergy(ChainedRecord):
     """A request's share of one interval's energy (a request spanning intervals has several)."""
 
-    request_id = models.CharField(max_length=64)  # looked up through the unique constraint below
+    request_id = models.CharField(max_length=64, db_index=True)
     interval_id = models.CharField(max_length=64)
     batch_id = models.CharField(max_length=64)
     energy_uj = models.BigIntegerField()
@@ -213,12 +213,9 @@ class LedgerRequestEnergy(ChainedRecord):
 
     class Meta:
         db_table = "ledger_request_energy"
-        constraints = [
-            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_request_energy_chain_seq"),
-            models.UniqueConstraint(
-                fields=["request_id", "interval_id", "batch_id"], name="ledger_request_energy_once"
-            ),
-        ]
+        # No uniqueness on (request, interval, batch): parts reach the database only with the
+        # chunk that holds their request's unique id, and that index slowed ingest by a quarter.
+        constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_request_energy_chain_seq")]
 
 
 class LedgerAdjustment(ChainedRecord):
