@@ -215,7 +215,9 @@ class LedgerRequestEnergy(ChainedRecord):
         db_table = "ledger_request_energy"
         # No uniqueness on (request, interval, batch): parts reach the database only with the
         # chunk that holds their request's unique id, and that index slowed ingest by a quarter.
-        constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_request_energy_chain_seq")]
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_request_energy_chain_seq")
+        ]
 
 
 class LedgerAdjustment(ChainedRecord):

@@ -5,190 +5,357 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('carbonledger', '0001_initial'),
+        ("carbonledger", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='LedgerChain',
+            name="LedgerChain",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('chain_id', models.CharField(max_length=64, unique=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('head_seq', models.BigIntegerField(default=0)),
-                ('head_hash', models.CharField(default='0000000000000000000000000000000000000000000000000000000000000000', max_length=64)),
-                ('spool_position', models.CharField(default='0:0', max_length=40)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("chain_id", models.CharField(max_length=64, unique=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("head_seq", models.BigIntegerField(default=0)),
+                (
+                    "head_hash",
+                    models.CharField(
+                        default="0000000000000000000000000000000000000000000000000000000000000000",
+                        max_length=64,
+                    ),
+                ),
+                ("spool_position", models.CharField(default="0:0", max_length=40)),
             ],
         ),
         migrations.CreateModel(
-            name='Site',
+            name="Site",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(max_length=64, unique=True)),
-                ('zone', models.CharField(help_text='grid zone, e.g. FR or US-CA', max_length=32)),
-                ('pue', models.DecimalField(decimal_places=3, default=1, max_digits=5)),
-                ('pue_source', models.CharField(choices=[('declared', 'declared'), ('measured', 'measured')], default='declared', max_length=16)),
-                ('electricity', models.CharField(choices=[('owned', 'owned (Scope 2, ISO 14064-1 Category 2)'), ('colocated', 'colocated (Scope 2, ISO 14064-1 Category 2)'), ('cloud', 'cloud (Scope 3 category 1, ISO 14064-1 Category 4)')], default='owned', max_length=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.SlugField(max_length=64, unique=True)),
+                ("zone", models.CharField(help_text="grid zone, e.g. FR or US-CA", max_length=32)),
+                ("pue", models.DecimalField(decimal_places=3, default=1, max_digits=5)),
+                (
+                    "pue_source",
+                    models.CharField(
+                        choices=[("declared", "declared"), ("measured", "measured")],
+                        default="declared",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "electricity",
+                    models.CharField(
+                        choices=[
+                            ("owned", "owned (Scope 2, ISO 14064-1 Category 2)"),
+                            ("colocated", "colocated (Scope 2, ISO 14064-1 Category 2)"),
+                            ("cloud", "cloud (Scope 3 category 1, ISO 14064-1 Category 4)"),
+                        ],
+                        default="owned",
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
         migrations.CreateModel(
-            name='Device',
+            name="Device",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('device_id', models.CharField(max_length=128, unique=True)),
-                ('kind', models.CharField(max_length=16)),
-                ('name', models.CharField(blank=True, max_length=200)),
-                ('method', models.CharField(max_length=32)),
-                ('measured', models.BooleanField(default=False)),
-                ('relative_uncertainty', models.FloatField(default=0.0)),
-                ('info', models.JSONField(blank=True, default=dict)),
-                ('idle_power_w', models.FloatField(blank=True, help_text='declared idle power; empty: measured', null=True)),
-                ('first_seen_at', models.DateTimeField(auto_now_add=True)),
-                ('site', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='devices', to='carbonledger.site')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("device_id", models.CharField(max_length=128, unique=True)),
+                ("kind", models.CharField(max_length=16)),
+                ("name", models.CharField(blank=True, max_length=200)),
+                ("method", models.CharField(max_length=32)),
+                ("measured", models.BooleanField(default=False)),
+                ("relative_uncertainty", models.FloatField(default=0.0)),
+                ("info", models.JSONField(blank=True, default=dict)),
+                (
+                    "idle_power_w",
+                    models.FloatField(
+                        blank=True, help_text="declared idle power; empty: measured", null=True
+                    ),
+                ),
+                ("first_seen_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "site",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="devices",
+                        to="carbonledger.site",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='LedgerBatch',
+            name="LedgerBatch",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.BigIntegerField()),
-                ('prev_hash', models.CharField(max_length=64)),
-                ('hash', models.CharField(max_length=64)),
-                ('batch_id', models.CharField(max_length=64, unique=True)),
-                ('model', models.CharField(max_length=128)),
-                ('version', models.CharField(max_length=32)),
-                ('device_id', models.CharField(max_length=128)),
-                ('instance', models.IntegerField(default=0)),
-                ('start_ns', models.BigIntegerField()),
-                ('end_ns', models.BigIntegerField()),
-                ('requests', models.IntegerField()),
-                ('rows', models.IntegerField()),
-                ('status', models.CharField(default='ok', max_length=16)),
-                ('chain', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='carbonledger.ledgerchain')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seq", models.BigIntegerField()),
+                ("prev_hash", models.CharField(max_length=64)),
+                ("hash", models.CharField(max_length=64)),
+                ("batch_id", models.CharField(max_length=64, unique=True)),
+                ("model", models.CharField(max_length=128)),
+                ("version", models.CharField(max_length=32)),
+                ("device_id", models.CharField(max_length=128)),
+                ("instance", models.IntegerField(default=0)),
+                ("start_ns", models.BigIntegerField()),
+                ("end_ns", models.BigIntegerField()),
+                ("requests", models.IntegerField()),
+                ("rows", models.IntegerField()),
+                ("status", models.CharField(default="ok", max_length=16)),
+                (
+                    "chain",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="carbonledger.ledgerchain",
+                    ),
+                ),
             ],
             options={
-                'db_table': 'ledger_batch',
-                'constraints': [models.UniqueConstraint(fields=('chain', 'seq'), name='ledger_batch_chain_seq')],
+                "db_table": "ledger_batch",
+                "constraints": [
+                    models.UniqueConstraint(fields=("chain", "seq"), name="ledger_batch_chain_seq")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='LedgerAdjustment',
+            name="LedgerAdjustment",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.BigIntegerField()),
-                ('prev_hash', models.CharField(max_length=64)),
-                ('hash', models.CharField(max_length=64)),
-                ('target_kind', models.CharField(max_length=32)),
-                ('target_id', models.CharField(max_length=64)),
-                ('energy_delta_uj', models.BigIntegerField()),
-                ('reason', models.TextField()),
-                ('actor', models.CharField(max_length=200)),
-                ('created_ns', models.BigIntegerField()),
-                ('chain', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='carbonledger.ledgerchain')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seq", models.BigIntegerField()),
+                ("prev_hash", models.CharField(max_length=64)),
+                ("hash", models.CharField(max_length=64)),
+                ("target_kind", models.CharField(max_length=32)),
+                ("target_id", models.CharField(max_length=64)),
+                ("energy_delta_uj", models.BigIntegerField()),
+                ("reason", models.TextField()),
+                ("actor", models.CharField(max_length=200)),
+                ("created_ns", models.BigIntegerField()),
+                (
+                    "chain",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="carbonledger.ledgerchain",
+                    ),
+                ),
             ],
             options={
-                'db_table': 'ledger_adjustment',
-                'constraints': [models.UniqueConstraint(fields=('chain', 'seq'), name='ledger_adjustment_chain_seq')],
+                "db_table": "ledger_adjustment",
+                "constraints": [
+                    models.UniqueConstraint(fields=("chain", "seq"), name="ledger_adjustment_chain_seq")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='LedgerIdle',
+            name="LedgerIdle",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.BigIntegerField()),
-                ('prev_hash', models.CharField(max_length=64)),
-                ('hash', models.CharField(max_length=64)),
-                ('interval_id', models.CharField(max_length=64, unique=True)),
-                ('device_id', models.CharField(max_length=128)),
-                ('t0_ns', models.BigIntegerField()),
-                ('t1_ns', models.BigIntegerField()),
-                ('energy_uj', models.BigIntegerField()),
-                ('idle_ns', models.BigIntegerField()),
-                ('idle_power_w', models.FloatField()),
-                ('chain', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='carbonledger.ledgerchain')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seq", models.BigIntegerField()),
+                ("prev_hash", models.CharField(max_length=64)),
+                ("hash", models.CharField(max_length=64)),
+                ("interval_id", models.CharField(max_length=64, unique=True)),
+                ("device_id", models.CharField(max_length=128)),
+                ("t0_ns", models.BigIntegerField()),
+                ("t1_ns", models.BigIntegerField()),
+                ("energy_uj", models.BigIntegerField()),
+                ("idle_ns", models.BigIntegerField()),
+                ("idle_power_w", models.FloatField()),
+                (
+                    "chain",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="carbonledger.ledgerchain",
+                    ),
+                ),
             ],
             options={
-                'db_table': 'ledger_idle',
-                'constraints': [models.UniqueConstraint(fields=('chain', 'seq'), name='ledger_idle_chain_seq')],
+                "db_table": "ledger_idle",
+                "constraints": [
+                    models.UniqueConstraint(fields=("chain", "seq"), name="ledger_idle_chain_seq")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='LedgerInterval',
+            name="LedgerInterval",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.BigIntegerField()),
-                ('prev_hash', models.CharField(max_length=64)),
-                ('hash', models.CharField(max_length=64)),
-                ('interval_id', models.CharField(max_length=64, unique=True)),
-                ('device_id', models.CharField(max_length=128)),
-                ('method', models.CharField(max_length=32)),
-                ('relative_uncertainty', models.FloatField()),
-                ('t0_ns', models.BigIntegerField()),
-                ('t1_ns', models.BigIntegerField()),
-                ('counter_start_j', models.FloatField()),
-                ('counter_end_j', models.FloatField()),
-                ('energy_uj', models.BigIntegerField()),
-                ('idle_uj', models.BigIntegerField()),
-                ('busy_ns', models.BigIntegerField()),
-                ('idle_ns', models.BigIntegerField()),
-                ('chain', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='carbonledger.ledgerchain')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seq", models.BigIntegerField()),
+                ("prev_hash", models.CharField(max_length=64)),
+                ("hash", models.CharField(max_length=64)),
+                ("interval_id", models.CharField(max_length=64, unique=True)),
+                ("device_id", models.CharField(max_length=128)),
+                ("method", models.CharField(max_length=32)),
+                ("relative_uncertainty", models.FloatField()),
+                ("t0_ns", models.BigIntegerField()),
+                ("t1_ns", models.BigIntegerField()),
+                ("counter_start_j", models.FloatField()),
+                ("counter_end_j", models.FloatField()),
+                ("energy_uj", models.BigIntegerField()),
+                ("idle_uj", models.BigIntegerField()),
+                ("busy_ns", models.BigIntegerField()),
+                ("idle_ns", models.BigIntegerField()),
+                (
+                    "chain",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="carbonledger.ledgerchain",
+                    ),
+                ),
             ],
             options={
-                'db_table': 'ledger_interval',
-                'constraints': [models.UniqueConstraint(fields=('chain', 'seq'), name='ledger_interval_chain_seq')],
+                "db_table": "ledger_interval",
+                "constraints": [
+                    models.UniqueConstraint(fields=("chain", "seq"), name="ledger_interval_chain_seq")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='LedgerRequest',
+            name="LedgerRequest",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.BigIntegerField()),
-                ('prev_hash', models.CharField(max_length=64)),
-                ('hash', models.CharField(max_length=64)),
-                ('request_id', models.CharField(max_length=64, unique=True)),
-                ('client_request_id', models.CharField(blank=True, default='', max_length=256)),
-                ('model', models.CharField(max_length=128)),
-                ('version', models.CharField(max_length=32)),
-                ('batch_id', models.CharField(max_length=64)),
-                ('device_id', models.CharField(max_length=128)),
-                ('received_ns', models.BigIntegerField()),
-                ('started_ns', models.BigIntegerField()),
-                ('finished_ns', models.BigIntegerField()),
-                ('queue_ns', models.BigIntegerField()),
-                ('compute_ns', models.BigIntegerField()),
-                ('work_units', models.BigIntegerField()),
-                ('status', models.CharField(default='ok', max_length=16)),
-                ('synthetic', models.BooleanField(default=False)),
-                ('api_key', models.ForeignKey(db_constraint=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='carbonledger.apikey')),
-                ('chain', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='carbonledger.ledgerchain')),
-                ('organization', models.ForeignKey(db_constraint=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='carbonledger.organization')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seq", models.BigIntegerField()),
+                ("prev_hash", models.CharField(max_length=64)),
+                ("hash", models.CharField(max_length=64)),
+                ("request_id", models.CharField(max_length=64, unique=True)),
+                ("client_request_id", models.CharField(blank=True, default="", max_length=256)),
+                ("model", models.CharField(max_length=128)),
+                ("version", models.CharField(max_length=32)),
+                ("batch_id", models.CharField(max_length=64)),
+                ("device_id", models.CharField(max_length=128)),
+                ("received_ns", models.BigIntegerField()),
+                ("started_ns", models.BigIntegerField()),
+                ("finished_ns", models.BigIntegerField()),
+                ("queue_ns", models.BigIntegerField()),
+                ("compute_ns", models.BigIntegerField()),
+                ("work_units", models.BigIntegerField()),
+                ("status", models.CharField(default="ok", max_length=16)),
+                ("synthetic", models.BooleanField(default=False)),
+                (
+                    "api_key",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="carbonledger.apikey",
+                    ),
+                ),
+                (
+                    "chain",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="carbonledger.ledgerchain",
+                    ),
+                ),
+                (
+                    "organization",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="carbonledger.organization",
+                    ),
+                ),
             ],
             options={
-                'db_table': 'ledger_request',
-                'indexes': [models.Index(fields=['organization', 'received_ns'], name='ledger_request_org_time')],
-                'constraints': [models.UniqueConstraint(fields=('chain', 'seq'), name='ledger_request_chain_seq')],
+                "db_table": "ledger_request",
+                "indexes": [
+                    models.Index(fields=["organization", "received_ns"], name="ledger_request_org_time")
+                ],
+                "constraints": [
+                    models.UniqueConstraint(fields=("chain", "seq"), name="ledger_request_chain_seq")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='LedgerRequestEnergy',
+            name="LedgerRequestEnergy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.BigIntegerField()),
-                ('prev_hash', models.CharField(max_length=64)),
-                ('hash', models.CharField(max_length=64)),
-                ('request_id', models.CharField(db_index=True, max_length=64)),
-                ('interval_id', models.CharField(max_length=64)),
-                ('batch_id', models.CharField(max_length=64)),
-                ('energy_uj', models.BigIntegerField()),
-                ('final', models.BooleanField(default=False, help_text='the batch is fully allocated with this part')),
-                ('chain', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='carbonledger.ledgerchain')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seq", models.BigIntegerField()),
+                ("prev_hash", models.CharField(max_length=64)),
+                ("hash", models.CharField(max_length=64)),
+                ("request_id", models.CharField(db_index=True, max_length=64)),
+                ("interval_id", models.CharField(max_length=64)),
+                ("batch_id", models.CharField(max_length=64)),
+                ("energy_uj", models.BigIntegerField()),
+                (
+                    "final",
+                    models.BooleanField(
+                        default=False, help_text="the batch is fully allocated with this part"
+                    ),
+                ),
+                (
+                    "chain",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="carbonledger.ledgerchain",
+                    ),
+                ),
             ],
             options={
-                'db_table': 'ledger_request_energy',
-                'constraints': [models.UniqueConstraint(fields=('chain', 'seq'), name='ledger_request_energy_chain_seq')],
+                "db_table": "ledger_request_energy",
+                "constraints": [
+                    models.UniqueConstraint(fields=("chain", "seq"), name="ledger_request_energy_chain_seq")
+                ],
             },
         ),
     ]
