@@ -29,16 +29,44 @@ log = logging.getLogger(__name__)
 KIND_ORDER = ("batch", "req", "interval", "idle", "energy", "adjustment")
 
 
-def bulk_insert(table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
-    """Insert many rows fast: COPY on PostgreSQL, executemany on SQLite."""
+_PG_TYPES: dict[str, str] = {
+    "BigIntegerField": "int8",
+    "ForeignKey": "int8",
+    "IntegerField": "int4",
+    "FloatField": "float8",
+    "BooleanField": "bool",
+    "CharField": "text",
+    "TextField": "text",
+}
+
+
+def _pg_types(kind: RecordKind) -> list[str]:
+    types = ["int8", "int8", "text", "text"]  # chain_id, seq, prev_hash, hash
+    for name in kind.fields:
+        field = kind.model._meta.get_field(
+            name[: -len("_id")]
+            if name.endswith("_id") and name in ("organization_id", "api_key_id")
+            else name
+        )
+        types.append(_PG_TYPES[field.get_internal_type()])
+    return types
+
+
+def bulk_insert(kind: RecordKind, rows: list[tuple[Any, ...]]) -> None:
+    """Insert many rows fast: binary COPY on PostgreSQL, executemany on SQLite."""
     if not rows:
         return
+    columns = CHAIN_COLUMNS + kind.fields
+    table = kind.table
     cols = ", ".join(columns)
     with connection.cursor() as cur:
         if connection.vendor == "postgresql":
             raw = cur.cursor  # the psycopg cursor under Django's wrapper
-            # Django's wrapper maps psycopg's errors to django.db's (IntegrityError etc.).
-            with connection.wrap_database_errors, raw.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+            # Binary COPY: psycopg's C dumpers format each value; measured about twice as fast
+            # as text COPY here. Django's wrapper maps psycopg's errors to django.db's.
+            sql = f"COPY {table} ({cols}) FROM STDIN (FORMAT BINARY)"
+            with connection.wrap_database_errors, raw.copy(sql) as copy:
+                copy.set_types(_pg_types(kind))
                 for row in rows:
                     copy.write_row(row)
         else:
@@ -129,8 +157,7 @@ def _chain_and_insert(chain: LedgerChain, records: list[dict[str, Any]]) -> int:
         prev = digest
     for k in KIND_ORDER:
         if rows.get(k):
-            kind = KINDS[k]
-            bulk_insert(kind.table, CHAIN_COLUMNS + kind.fields, rows[k])
+            bulk_insert(KINDS[k], rows[k])
     written = seq - chain.head_seq
     chain.head_seq = seq
     chain.head_hash = prev

@@ -111,7 +111,10 @@ class LedgerChain(models.Model):
 class ChainedRecord(models.Model):
     # Indexes cost ingest speed (tens of thousands of rows a second): the (chain, seq)
     # unique constraint of each table already serves lookups by chain, so no FK index.
-    chain = models.ForeignKey(LedgerChain, on_delete=models.PROTECT, related_name="+", db_index=False)
+    # No FK constraint either: PostgreSQL would check it row by row during COPY.
+    chain = models.ForeignKey(
+        LedgerChain, on_delete=models.PROTECT, related_name="+", db_index=False, db_constraint=False
+    )
     seq = models.BigIntegerField()
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
@@ -121,7 +124,7 @@ class ChainedRecord(models.Model):
 
 
 class LedgerBatch(ChainedRecord):
-    batch_id = models.CharField(max_length=64, unique=True)
+    batch_id = models.CharField(max_length=64)
     model = models.CharField(max_length=128)
     version = models.CharField(max_length=32)
     device_id = models.CharField(max_length=128)
@@ -134,17 +137,26 @@ class LedgerBatch(ChainedRecord):
 
     class Meta:
         db_table = "ledger_batch"
-        constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_batch_chain_seq")]
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_batch_chain_seq"),
+            models.UniqueConstraint(fields=["batch_id"], name="ledger_batch_id"),
+        ]
 
 
 class LedgerRequest(ChainedRecord):
-    request_id = models.CharField(max_length=64, unique=True)
+    # Unique through Meta.constraints: unique=True would add a second (LIKE) index on PostgreSQL.
+    request_id = models.CharField(max_length=64)
     client_request_id = models.CharField(max_length=256, blank=True, default="")
     organization = models.ForeignKey(
-        Organization, null=True, on_delete=models.PROTECT, related_name="+", db_constraint=False
+        Organization,
+        null=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
     )
     api_key = models.ForeignKey(
-        ApiKey, null=True, on_delete=models.PROTECT, related_name="+", db_constraint=False
+        ApiKey, null=True, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False
     )
     model = models.CharField(max_length=128)
     version = models.CharField(max_length=32)
@@ -161,14 +173,17 @@ class LedgerRequest(ChainedRecord):
 
     class Meta:
         db_table = "ledger_request"
-        constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_request_chain_seq")]
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_request_chain_seq"),
+            models.UniqueConstraint(fields=["request_id"], name="ledger_request_id"),
+        ]
         indexes = [models.Index(fields=["organization", "received_ns"], name="ledger_request_org_time")]
 
 
 class LedgerInterval(ChainedRecord):
     """Raw counter readings at both ends of one metering interval of one device."""
 
-    interval_id = models.CharField(max_length=64, unique=True)
+    interval_id = models.CharField(max_length=64)
     device_id = models.CharField(max_length=128)
     method = models.CharField(max_length=32)
     relative_uncertainty = models.FloatField()
@@ -183,13 +198,16 @@ class LedgerInterval(ChainedRecord):
 
     class Meta:
         db_table = "ledger_interval"
-        constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_interval_chain_seq")]
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_interval_chain_seq"),
+            models.UniqueConstraint(fields=["interval_id"], name="ledger_interval_id"),
+        ]
 
 
 class LedgerIdle(ChainedRecord):
     """Idle energy of a device in one interval: a ledger line of its own, never dropped."""
 
-    interval_id = models.CharField(max_length=64, unique=True)
+    interval_id = models.CharField(max_length=64)
     device_id = models.CharField(max_length=128)
     t0_ns = models.BigIntegerField()
     t1_ns = models.BigIntegerField()
@@ -199,13 +217,16 @@ class LedgerIdle(ChainedRecord):
 
     class Meta:
         db_table = "ledger_idle"
-        constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_idle_chain_seq")]
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_idle_chain_seq"),
+            models.UniqueConstraint(fields=["interval_id"], name="ledger_idle_interval_id"),
+        ]
 
 
 class LedgerRequestEnergy(ChainedRecord):
     """A request's share of one interval's energy (a request spanning intervals has several)."""
 
-    request_id = models.CharField(max_length=64, db_index=True)
+    request_id = models.CharField(max_length=64)
     interval_id = models.CharField(max_length=64)
     batch_id = models.CharField(max_length=64)
     energy_uj = models.BigIntegerField()
@@ -213,6 +234,7 @@ class LedgerRequestEnergy(ChainedRecord):
 
     class Meta:
         db_table = "ledger_request_energy"
+        indexes = [models.Index(fields=["request_id"], name="ledger_energy_request")]
         # No uniqueness on (request, interval, batch): parts reach the database only with the
         # chunk that holds their request's unique id, and that index slowed ingest by a quarter.
         constraints = [
