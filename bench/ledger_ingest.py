@@ -1,6 +1,6 @@
 """Ledger ingest: request records per second from the spool into SQLite or PostgreSQL, sustained.
 
-A producer thread spools a realistic mix as the gateway would (per batch of 16 requests: one
+A producer process spools a realistic mix as the gateway would (per batch of 16 requests: one
 batch record, 16 request records, and, per closed interval, the interval, its idle line and
 one energy part per request); the real LedgerWriter drains it into the database (hash chain,
 COPY on PostgreSQL, executemany on SQLite). The producer keeps a bounded backlog ahead of the
@@ -21,7 +21,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -89,7 +88,36 @@ def batch_lines(n: int, org_id: int, t0: int) -> tuple[bytes, int]:
     return ("\n".join(out) + "\n").encode(), reqs
 
 
+def produce(spool_dir: Path, org_id: int, backlog_mb: float) -> None:
+    """The producer process: spool batches as fast as the drainer keeps up, ahead by backlog_mb."""
+    from inference.spool import Spool
+
+    spool = Spool(spool_dir, max_backlog_bytes=8 << 30)
+    limit = int(backlog_mb * (1 << 20))
+    t0 = time.time_ns()
+    n = 0
+    while True:
+        spool.sync_acknowledged()
+        if spool.backlog_bytes > limit:
+            time.sleep(0.01)
+            continue
+        chunk = []
+        for _ in range(64):
+            data, _reqs = batch_lines(n, org_id, t0)
+            chunk.append(data)
+            n += 1
+        spool.append(b"".join(chunk))
+
+
 def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--produce":
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--produce", type=Path)
+        ap.add_argument("--org", type=int)
+        ap.add_argument("--backlog-mb", type=float)
+        a = ap.parse_args()
+        produce(a.produce, a.org, a.backlog_mb)
+        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     ap.add_argument("--seconds", type=float, default=60.0)
@@ -110,41 +138,37 @@ def main() -> int:
         from carbonledger.ledger_writer import LedgerWriter
         from carbonledger.models import LedgerRequest
         from carbonledger.services import organization_create
-        from inference.spool import Spool
+        from inference.spool import SpoolReader
 
         org = organization_create(slug="bench")
-        spool = Spool(workdir / "spool", max_backlog_bytes=4 << 30)
-        writer = LedgerWriter(spool)
+        # As in production: the gateway (here a producer process) appends to the spool, and the
+        # drainer (this process) reads it with a SpoolReader and writes the database; two processes,
+        # two GILs.
+        spool_dir = workdir / "spool"
+        producer = subprocess.Popen(
+            [sys.executable, __file__, "--produce", str(spool_dir), "--org", str(org.pk),
+             "--backlog-mb", str(args.backlog_mb)],
+            cwd=ROOT,
+        )  # fmt: skip
+        reader = None
+        deadline = time.monotonic() + 30
+        while reader is None:
+            try:
+                reader = SpoolReader(spool_dir)
+            except FileNotFoundError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        writer = LedgerWriter(reader)
         writer.recover()
-        stop = threading.Event()
-        produced = [0]
-        t0 = time.time_ns()
-        backlog_limit = int(args.backlog_mb * (1 << 20))
-
-        def produce() -> None:
-            n = 0
-            while not stop.is_set():
-                if spool.backlog_bytes > backlog_limit:
-                    time.sleep(0.005)
-                    continue
-                chunk = []
-                for _ in range(64):
-                    data, reqs = batch_lines(n, org.pk, t0)
-                    chunk.append(data)
-                    produced[0] += reqs
-                    n += 1
-                spool.append(b"".join(chunk))
-
-        producer = threading.Thread(target=produce, daemon=True)
-        producer.start()
-        time.sleep(0.5)  # a backlog to start from
+        time.sleep(1.0)  # a backlog to start from
         start = time.perf_counter()
         written_lines = 0
         while time.perf_counter() - start < args.seconds:
             written_lines += writer.drain_once()
         elapsed = time.perf_counter() - start
-        stop.set()
-        producer.join()
+        producer.terminate()
+        producer.wait(10)
         # The writer drains only inside the measured window, so every committed request record
         # was written during it.
         committed = LedgerRequest.objects.count()
@@ -176,7 +200,6 @@ def main() -> int:
         stamp = result["date_utc"].replace(":", "").replace("-", "")
         (out / f"ledger_ingest-{args.db}-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
         (out / f"ledger_ingest-{args.db}-latest.json").write_text(json.dumps(result, indent=2) + "\n")
-        spool.close()
         from django.db import connections
 
         connections.close_all()
