@@ -45,6 +45,7 @@ class LedgerUnavailable(InferenceError):
 class RecorderOptions:
     sample_interval_s: float = 1.0
     boundary_min_interval_s: float = 0.05
+    flush_interval_s: float = 0.1
     idle_power_w: float | None = None  # declared for every device; None: learned from batch-free intervals
     min_idle_learning_s: float = 0.5
 
@@ -227,20 +228,35 @@ class LedgerRecorder:
                 log.exception("reading the meter of %s failed", dev.device_id)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.options.sample_interval_s):
-            try:
-                self.spool.sync_acknowledged()  # a drainer in another process frees space
-            except Exception:
-                log.exception("reading the drainer's acknowledged position failed")
-            for dev in self.devices:
+        # Closed intervals are spooled every flush_interval_s, not once per sample: turning an
+        # interval into lines holds the GIL for about 5 µs per request, and one big burst a
+        # second shows up in the event loop's tail latency.
+        tick = min(self.options.flush_interval_s, self.options.sample_interval_s)
+        next_sample = time.monotonic() + self.options.sample_interval_s
+        next_sync = 0.0
+        full_logged = False
+        while not self._stop.wait(tick):
+            now = time.monotonic()
+            if now >= next_sync:
+                next_sync = now + 0.25
                 try:
-                    self._read(dev)
+                    self.spool.sync_acknowledged()  # a drainer in another process frees space
                 except Exception:
-                    log.exception("reading the meter of %s failed", dev.device_id)
+                    log.exception("reading the drainer's acknowledged position failed")
+            if now >= next_sample:
+                next_sample = now + self.options.sample_interval_s
+                for dev in self.devices:
+                    try:
+                        self._read(dev)
+                    except Exception:
+                        log.exception("reading the meter of %s failed", dev.device_id)
             try:
                 self._flush()
+                full_logged = False
             except SpoolFull:
-                log.error("ledger spool full: closed intervals wait in memory until it drains")
+                if not full_logged:
+                    log.error("ledger spool full: closed intervals wait in memory until it drains")
+                    full_logged = True
             except Exception:
                 log.exception("spooling closed intervals failed")
 
