@@ -10,6 +10,8 @@ from collections.abc import Mapping
 
 from django.core.exceptions import ImproperlyConfigured
 
+from inference.values import parse_bool
+
 
 def env_str(name: str, default: str, environ: Mapping[str, str] = os.environ) -> str:
     return environ.get(name, default)
@@ -49,12 +51,10 @@ def env_bool(name: str, default: bool, environ: Mapping[str, str] = os.environ) 
     raw = environ.get(name)
     if raw is None or raw == "":
         return default
-    value = raw.strip().lower()
-    if value in {"1", "true", "yes", "on"}:
-        return True
-    if value in {"0", "false", "no", "off"}:
-        return False
-    raise ImproperlyConfigured(f"{name} must be true or false, got {raw!r}")
+    value = parse_bool(raw)
+    if value is None:
+        raise ImproperlyConfigured(f"{name} must be true or false, got {raw!r}")
+    return value
 
 
 def env_choice(

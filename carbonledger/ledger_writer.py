@@ -89,25 +89,17 @@ def default_site() -> Site:
 def upsert_devices(records: list[dict[str, Any]]) -> None:
     site = default_site() if records else None
     for rec in records:
+        facts = {
+            "kind": rec.get("kind", ""),
+            "name": rec.get("name", ""),
+            "method": rec.get("method", ""),
+            "measured": bool(rec.get("measured", False)),
+            "relative_uncertainty": float(rec.get("relative_uncertainty", 0.0)),
+            "info": rec.get("info", {}),
+        }
+        # A device keeps the site it was placed in; only its metering facts are refreshed.
         Device.objects.update_or_create(
-            device_id=rec["device_id"],
-            defaults={
-                "kind": rec.get("kind", ""),
-                "name": rec.get("name", ""),
-                "method": rec.get("method", ""),
-                "measured": bool(rec.get("measured", False)),
-                "relative_uncertainty": float(rec.get("relative_uncertainty", 0.0)),
-                "info": rec.get("info", {}),
-            },
-            create_defaults={
-                "kind": rec.get("kind", ""),
-                "name": rec.get("name", ""),
-                "method": rec.get("method", ""),
-                "measured": bool(rec.get("measured", False)),
-                "relative_uncertainty": float(rec.get("relative_uncertainty", 0.0)),
-                "info": rec.get("info", {}),
-                "site": site,
-            },
+            device_id=rec["device_id"], defaults=facts, create_defaults={**facts, "site": site}
         )
 
 

@@ -16,6 +16,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2
 
+from inference.values import parse_bool
+
 # Triton config data types -> KServe v2 datatypes.
 CONFIG_TO_KSERVE: dict[str, str] = {
     "TYPE_BOOL": "BOOL",
@@ -110,12 +112,10 @@ class ModelSpec:
         raw = self.parameters.get(key)
         if raw is None:
             return default
-        value = raw.strip().lower()
-        if value in {"1", "true", "yes", "on"}:
-            return True
-        if value in {"0", "false", "no", "off"}:
-            return False
-        raise ConfigError(f"model '{self.name}': parameter '{key}' must be true or false, got {raw!r}")
+        value = parse_bool(raw)
+        if value is None:
+            raise ConfigError(f"model '{self.name}': parameter '{key}' must be true or false, got {raw!r}")
+        return value
 
 
 def _ints_as_numbers(message: Message, data: dict[str, Any]) -> dict[str, Any]:
