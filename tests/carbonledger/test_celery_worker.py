@@ -1,0 +1,60 @@
+"""The embedded default: a real Celery worker on kombu's filesystem broker, no external service."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_worker_on_the_filesystem_broker_runs_a_task(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "CARBONLEDGER_VAR_DIR": str(tmp_path),
+        "CELERY_BROKER_URL": "filesystem://",
+        "DJANGO_SETTINGS_MODULE": "carbonledger.settings",
+    }
+    env.pop("DATABASE_URL", None)
+    env.pop("CELERY_RESULT_BACKEND", None)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "carbonledger", "worker", "--pool=solo", "--loglevel=INFO"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        client = textwrap.dedent(
+            """
+            import django
+            django.setup()
+            from carbonledger.tasks import ping
+            print("RESULT", ping.delay().get(timeout=60))
+            """
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", client], cwd=ROOT, env=env, capture_output=True, text=True, timeout=90
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "RESULT {'organizations': 0}" in done.stdout
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(5)
