@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import tritonclient.http as httpclient
 from inference.gateway import Gateway, Principal
 from inference.repository import GatewayOptions
 from tests.support.models import linear_reference
-from tests.support.servers import free_port, serve_asgi
+from tests.support.servers import free_port_block, serve_asgi
 from tests.support.triton import REFERENCE, running_triton, triton_available
 
 ok, why = triton_available()
@@ -51,16 +52,21 @@ def remote_model(root: Path, name: str, protocol: str, url: str = "") -> None:
 
 @pytest.fixture(scope="module")
 def gateway_on_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    while free_port() == port + 1:  # gRPC and metrics take port+1 and port+2
-        port = free_port()
-    with running_triton(REFERENCE / "models", port) as triton:
+    with contextlib.ExitStack() as stack:
+        for attempt in range(3):
+            port = free_port_block(3)  # HTTP, gRPC (port+1) and metrics (port+2)
+            try:
+                triton = stack.enter_context(running_triton(REFERENCE / "models", port))
+                break
+            except RuntimeError:
+                # Another process may take one of the ports between our check and Triton's bind.
+                if attempt == 2:
+                    raise
         repo = tmp_path_factory.mktemp("remote-models")
         remote_model(repo, "linear_http", "http")  # URL from the gateway's settings (TRITON_URL)
         remote_model(repo, "linear_grpc", "grpc", f"127.0.0.1:{port + 1}")
         options = GatewayOptions(triton_url=triton, remote_timeout_s=10.0)
-        with serve_asgi(Gateway(repo, options, resolver)) as address:
-            yield address
+        yield stack.enter_context(serve_asgi(Gateway(repo, options, resolver)))
 
 
 @pytest.mark.parametrize("model", ["linear_http", "linear_grpc"])

@@ -18,6 +18,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_block(n: int) -> int:
+    """A port P with P .. P+n-1 all free on 127.0.0.1 right now (Triton takes HTTP, gRPC, metrics)."""
+    import random
+
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 60000 - n)
+        socks: list[socket.socket] = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no block of free loopback ports")
+
+
 @contextmanager
 def serve_asgi(app: Any, timeout_s: float = 30.0) -> Iterator[str]:
     """Yield ``host:port`` once the app's lifespan start-up has completed."""
