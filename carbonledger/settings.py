@@ -121,6 +121,7 @@ LEDGER_WRITE_INTERVAL_S = env_float("LEDGER_WRITE_INTERVAL_S", 1.0, minimum=0.01
 # GIL); "thread": inside the gateway process (tests that share the test database).
 LEDGER_WRITER = env_choice("LEDGER_WRITER", "process", ("process", "thread"))
 LEDGER_WRITER_NICE = env_int("LEDGER_WRITER_NICE", 19, minimum=0)
+LEDGER_WRITER_SCHED_IDLE = env_bool("LEDGER_WRITER_SCHED_IDLE", False)  # tried: no measured gain over nice 19
 METERS = env_str("METERS", "auto")  # auto, or a comma list of nvml, rapl, triton, cpu-model
 METER_INTERVAL_S = env_float("METER_INTERVAL_S", 1.0, minimum=0.05)
 METER_TRITON_URL = env_str(
