@@ -225,6 +225,17 @@ class GatewayProcess:
         return ("127.0.0.1", self.port)
 
     def start(self, timeout_s: float = 30.0) -> GatewayProcess:
+        for attempt in range(3):
+            try:
+                return self._start(timeout_s)
+            except RuntimeError as exc:
+                # Another process may take the port between free_port() and uvicorn's bind.
+                if attempt == 2 or "address already in use" not in str(exc).lower():
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout_s: float) -> GatewayProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [PYTHON, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
