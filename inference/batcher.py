@@ -476,6 +476,7 @@ class DynamicBatcher:
                     hook.end(index, batch, timing, error)
                 except InferenceError as refused:
                     results = [refused] * len(batch)
+                    error = refused  # later hooks (statistics) see the batch as failed
                 except Exception:  # a hook must not stop serving, but say so
                     log.exception("batch hook failed after a batch of model %s", self.name)
             self._finish(list(zip(batch, results, strict=True)))

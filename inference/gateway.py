@@ -26,6 +26,7 @@ from inference.errors import (
     InvalidInput,
     NotFound,
     PayloadTooLarge,
+    RequestTimeout,
     Unauthorized,
 )
 from inference.kserve import (
@@ -447,7 +448,7 @@ class Gateway:
             raise
         result = await fut
         if isinstance(result, InferenceError):
-            if result.reason == "REJECTED":
+            if isinstance(result, RequestTimeout):  # never reached a batch, so no hook counted it
                 mv.stats.record_failure(result.reason, time.monotonic_ns() - received)
             raise result
         outputs: dict[str, np.ndarray[Any, Any]] = result

@@ -295,7 +295,9 @@ class ModelRepository:
                     b.close()
             return
         mv.backends = created
-        hooks = [mv.stats_hook(), *(f(mv) for f in self._hook_factories)]
+        # Statistics last: a hook that refuses a batch (the ledger, when its spool is full) turns
+        # it into failures before it is counted.
+        hooks = [*(f(mv) for f in self._hook_factories), mv.stats_hook()]
         backends = mv.backends
         mv.batcher = DynamicBatcher(
             f"{spec.name}/{mv.version}",

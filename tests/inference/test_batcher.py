@@ -430,3 +430,39 @@ def test_stop_rejects_what_is_still_queued() -> None:
     assert isinstance(result, ShuttingDown)
     with pytest.raises(ShuttingDown):
         b.enqueue(Pending("after-stop"))
+
+
+def test_a_hook_that_refuses_a_batch_fails_its_answers_and_later_hooks_see_the_failure() -> None:
+    seen: list[BaseException | None] = []
+
+    class Refuse:
+        def begin(self, index: int, batch: list[Pending]) -> None:
+            pass
+
+        def end(self, index: int, batch: list[Pending], timing: Any, error: BaseException | None) -> None:
+            raise InferenceError("the ledger spool is full", 503)
+
+    class Record:
+        def begin(self, index: int, batch: list[Pending]) -> None:
+            pass
+
+        def end(self, index: int, batch: list[Pending], timing: Any, error: BaseException | None) -> None:
+            seen.append(error)
+
+    delivered: list[tuple[Pending, Any]] = []
+    b = DynamicBatcher(
+        "m",
+        policy(max_batch_size=1, preferred_batch_sizes=(1,), max_queue_delay_ns=0),
+        lambda i: lambda batch: ([p.payload for p in batch], (0, 0, 0)),
+        delivered.extend,
+        hooks=[Refuse(), Record()],
+    )
+    b.start()
+    try:
+        b.enqueue(Pending("x"))
+        wait_for(lambda: len(delivered) == 1)
+    finally:
+        b.stop()
+    ((_p, result),) = delivered
+    assert isinstance(result, InferenceError) and result.status == 503
+    assert isinstance(seen[0], InferenceError)
