@@ -145,7 +145,19 @@ class WriterService:
 
     def stop(self) -> None:
         self.writer.stop()
-        self.writer.spool.close()
+
+
+class SpoolService:
+    """Owns the spool: closes it (releasing the directory lock) once everything writing to it stopped."""
+
+    def __init__(self, spool: Any) -> None:
+        self.spool = spool
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        self.spool.close()
 
 
 def build_gateway() -> Gateway:
@@ -172,7 +184,9 @@ def build_gateway() -> Gateway:
             ),
         )
         hooks.append(recorder.hook_for)
-        services = [writer_service, recorder]
+        # Stopped in reverse: the recorder spools its last interval, the writer drains, then the
+        # spool closes.
+        services = [SpoolService(spool), writer_service, recorder]
         admission = recorder
     return Gateway(
         settings.MODEL_REPOSITORY,

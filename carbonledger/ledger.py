@@ -152,9 +152,7 @@ def _plan(kind: RecordKind) -> _Plan:
         defaults: dict[str, Any] = {}
         nullable: set[str] = set()
         for pos, name in enumerate(kind.fields):
-            field = kind.model._meta.get_field(
-                name[: -len("_id")] if name in ("organization_id", "api_key_id") else name
-            )
+            field = kind.model._meta.get_field(name)  # Django resolves attnames like organization_id
             if isinstance(field, models.ForeignKey):
                 nullable.add(name)
             elif isinstance(field, models.BooleanField):

@@ -43,11 +43,7 @@ _PG_TYPES: dict[str, str] = {
 def _pg_types(kind: RecordKind) -> list[str]:
     types = ["int8", "int8", "text", "text"]  # chain_id, seq, prev_hash, hash
     for name in kind.fields:
-        field = kind.model._meta.get_field(
-            name[: -len("_id")]
-            if name.endswith("_id") and name in ("organization_id", "api_key_id")
-            else name
-        )
+        field = kind.model._meta.get_field(name)
         types.append(_PG_TYPES[field.get_internal_type()])
     return types
 
@@ -248,9 +244,6 @@ class LedgerWriter:
         if self._thread is not None:
             self._thread.join(timeout_s)
         connection.close()
-
-    def wake(self) -> None:
-        self._wake.set()
 
     def drain_once(self) -> int:
         """Write one chunk; returns the number of spool lines consumed (0 when nothing is waiting)."""

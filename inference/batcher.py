@@ -199,7 +199,6 @@ class DynamicBatcher:
         self._peak_cur = 0
         self._peak_prev = 0
         self._window_start = 0
-        self._executing = 0
         self._batch_ns_avg = 0.0
         self._stopping = False
         self._threads: list[threading.Thread] = []
@@ -220,7 +219,7 @@ class DynamicBatcher:
         """Stop the instances after their current batch; reject whatever is still queued."""
         with self._lock:
             self._stopping = True
-            leftovers = [p for p in self._iter_queue()]
+            leftovers = list(self._iter_queue())
             for q in (*self._queues, *self._delayed):
                 q.clear()
             self._queued = 0
@@ -428,7 +427,6 @@ class DynamicBatcher:
                     n, wait_ns = self.plan(now)
                     if n:
                         batch = self._pop(n)
-                        self._executing += 1
                         break
                     if expired:
                         break  # deliver rejections before sleeping
@@ -463,7 +461,6 @@ class DynamicBatcher:
                 results = [err] * len(batch)
             end = clock()
             with self._lock:
-                self._executing -= 1
                 self._in_flight -= len(batch)
                 self._batch_ns_avg = (
                     0.9 * self._batch_ns_avg + 0.1 * (end - start) if self._batch_ns_avg else (end - start)

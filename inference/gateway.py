@@ -216,9 +216,6 @@ class Gateway:
             raise Forbidden("this API key lacks the 'infer' scope")
         return principal
 
-    def forget_key(self, token: str) -> None:
-        self._key_cache.pop(token, None)
-
     # -- ASGI --------------------------------------------------------------------------------
 
     async def lifespan(self, receive: Receive, send: Send) -> None:

@@ -94,7 +94,6 @@ class LedgerRecorder:
             raise ValueError("the recorder needs at least one meter")
         self.spool = spool
         self.options = options or RecorderOptions()
-        self._clock = clock_ns
         self._wall_offset = wall_ns() - clock_ns()
         self.devices = [DeviceAccount(m, why, self.options.idle_power_w) for m, why in meters]
         # Ids unique across restarts of the same chain: a per-process boot token.
@@ -102,7 +101,6 @@ class LedgerRecorder:
         self._request_ids = itertools.count(1)
         self._batch_ids = itertools.count(1)
         self._interval_ids = itertools.count(1)
-        self._current: dict[tuple[int, int], str] = {}
         self._batch_end: dict[str, int] = {}
         self._batch_end_lock = threading.Lock()
         self._stop = threading.Event()
@@ -362,15 +360,16 @@ class _BatchHook:
         self.mv = mv
         self.device = device
         self.spec = mv.spec
+        self._current: dict[int, str] = {}  # batch id per instance thread, begin -> end
 
     def begin(self, index: int, batch: list[Pending]) -> None:
         batch_id = self.recorder.new_batch_id()
-        self.recorder._current[(id(self), index)] = batch_id
+        self._current[index] = batch_id
         self.device.accountant.begin_batch(batch_id)
 
     def end(self, index: int, batch: list[Pending], timing: BatchTiming, error: BaseException | None) -> None:
         rec = self.recorder
-        batch_id = rec._current.pop((id(self), index))
+        batch_id = self._current.pop(index)
         spec = self.spec
         status = "ok" if error is None else "error"
         wall = rec.wall

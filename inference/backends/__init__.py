@@ -61,6 +61,14 @@ def load_backend_class(name_or_path: str) -> Any:
     return getattr(importlib.import_module(module_name), attr)
 
 
+def model_file(spec: ModelSpec, version_dir: Path, default: str) -> Path:
+    """The version's model file (config's default_model_filename, else ``default``); it must exist."""
+    path = version_dir / (spec.config_dict.get("default_model_filename") or default)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing")
+    return path
+
+
 def create_backend(
     spec: ModelSpec, version: str, version_dir: Path, instance_index: int, context: BackendContext
 ) -> Backend:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.backends import BackendContext
+from inference.backends import BackendContext, model_file
 from inference.config import ModelSpec
 
 
@@ -17,10 +17,7 @@ class OnnxBackend:
     ) -> None:
         import onnxruntime as ort  # heavy import, only for models that need it
 
-        filename = spec.config_dict.get("default_model_filename") or "model.onnx"
-        path = version_dir / filename
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing")
+        path = model_file(spec, version_dir, "model.onnx")
         options = ort.SessionOptions()
         # One model instance is one thread: more intra-op threads would fight the batcher's
         # other instances and the event loop for the same cores.

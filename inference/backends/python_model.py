@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.backends import BackendContext
+from inference.backends import BackendContext, model_file
 from inference.config import ModelSpec
 
 _counter = itertools.count()
@@ -26,10 +26,7 @@ class PythonBackend:
     def __init__(
         self, spec: ModelSpec, version: str, version_dir: Path, instance_index: int, context: BackendContext
     ) -> None:
-        filename = spec.config_dict.get("default_model_filename") or "model.py"
-        path = version_dir / filename
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing")
+        path = model_file(spec, version_dir, "model.py")
         module_name = f"carbonledger_model_{spec.name}_{version}_{next(_counter)}"
         module_spec = importlib.util.spec_from_file_location(module_name, path)
         if module_spec is None or module_spec.loader is None:

@@ -179,7 +179,6 @@ def test_work_units_follow_the_model_parameter(setup: Any) -> None:
 def test_batches_from_several_threads_keep_conservation(setup: Any) -> None:
     recorder, spool, clock, hook = setup
     real_clock = time.monotonic_ns
-    recorder._clock = real_clock
 
     def worker(index: int) -> None:
         for _ in range(20):
