@@ -981,6 +981,7 @@ def market_based(
     location_factors: Iterable[Factor],
     *,
     instrument_categories: Iterable[ScopeCategory] = ("scope2",),
+    count_from: datetime | None = None,
 ) -> MarketResult:
     """GHG Protocol Scope 2 market-based CO2e.
 
@@ -998,7 +999,11 @@ def market_based(
 
     Contractual factors (instruments) carry no factor uncertainty of their own; the line's uncertainty is then
     that of metering and PUE. Totals and uncertainties are aggregated as in :func:`location_based`.
+
+    ``count_from``: slices that start earlier use up instruments (in the same order) but are neither
+    booked nor counted, so a period's result is what it is within the whole history of its instruments.
     """
+    counted_from = None if count_from is None else _utc(count_from, "count_from")
     categories = frozenset(instrument_categories)
     for category in categories:
         _one_of(category, SCOPE_CATEGORIES, "instrument_categories")
@@ -1064,6 +1069,7 @@ def market_based(
 
     for piece in _chronological_slices(consumptions):
         left_j = piece.facility_energy_j
+        counted = counted_from is None or piece.start >= counted_from
         if piece.scope_category in categories:
             for instrument in valid:
                 if left_j == 0:
@@ -1078,14 +1084,16 @@ def market_based(
                     continue
                 if capacity is not None:
                     remaining_j[instrument.instrument_id] = _sub(capacity, take)
-                covered_j[instrument.instrument_id] = _EXACT.add(covered_j[instrument.instrument_id], take)
                 left_j = _sub(left_j, take)
+                if not counted:
+                    continue
+                covered_j[instrument.instrument_id] = _EXACT.add(covered_j[instrument.instrument_id], take)
                 book(
                     piece, "instrument", instrument.instrument_id, take, instrument.intensity_g_per_kwh, _ZERO
                 )
-        elif valid:
+        elif valid and counted:
             uncovered_categories.add(piece.scope_category)
-        if left_j == 0:  # fully covered, or a zero-energy slice: nothing left to value
+        if left_j == 0 or not counted:  # fully covered, a zero-energy slice, or before the counted period
             continue
         year = piece.start.year
         residual = mixes.get((piece.zone, year))

@@ -128,6 +128,17 @@ def write_records(chain_id: str, lines: list[bytes], position: SpoolPosition, ex
     return written
 
 
+def append_records(chain_id: str, records: list[dict[str, Any]]) -> int:
+    """Chain and insert records (spool-shaped dicts) at the head of ``chain_id``, outside any spool:
+    for writers that are not a gateway (the synthetic demo ledger). Returns how many were written."""
+    with transaction.atomic():
+        chain, _ = LedgerChain.objects.get_or_create(chain_id=chain_id)
+        chain = LedgerChain.objects.select_for_update().get(pk=chain.pk)
+        written = _chain_and_insert(chain, records)
+        chain.save(update_fields=["head_seq", "head_hash"])
+    return written
+
+
 def _chain_and_insert(chain: LedgerChain, records: list[dict[str, Any]]) -> int:
     seq = chain.head_seq
     prev = chain.head_hash

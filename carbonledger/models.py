@@ -1,4 +1,4 @@
-"""Organizations and API keys. (Ledger, sites, devices and factors come with their issues.)"""
+"""Organizations, API keys, sites and devices, the ledger, emission factors, instruments and rollups."""
 
 from __future__ import annotations
 
@@ -53,13 +53,20 @@ class ApiKey(models.Model):
 
 
 class Site(models.Model):
-    """Where devices draw electricity: a grid zone and a PUE with its source."""
+    """Where devices draw electricity: a grid zone, how the electricity is held, and PUE records.
+
+    ``organization`` is the operator who reports the site's idle energy (None: nobody yet). ``pue`` is the
+    current figure; its history (what every calculation uses) is in :class:`PueRecord`.
+    """
 
     class Electricity(models.TextChoices):
         OWNED = "owned", "owned (Scope 2, ISO 14064-1 Category 2)"
         COLOCATED = "colocated", "colocated (Scope 2, ISO 14064-1 Category 2)"
         CLOUD = "cloud", "cloud (Scope 3 category 1, ISO 14064-1 Category 4)"
 
+    organization = models.ForeignKey(
+        Organization, null=True, blank=True, on_delete=models.PROTECT, related_name="sites"
+    )
     name = models.SlugField(max_length=64, unique=True)
     zone = models.CharField(max_length=32, help_text="grid zone, e.g. FR or US-CA")
     pue = models.DecimalField(max_digits=5, decimal_places=3, default=1)
@@ -71,6 +78,25 @@ class Site(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def scope_category(self) -> str:
+        return "scope3_cat1" if self.electricity == self.Electricity.CLOUD else "scope2"
+
+
+class PueRecord(models.Model):
+    """A PUE figure of a site from ``valid_from`` on. Never edited: a new figure is a new record."""
+
+    site = models.ForeignKey(Site, on_delete=models.PROTECT, related_name="pue_records")
+    valid_from = models.DateTimeField()
+    pue = models.DecimalField(max_digits=5, decimal_places=3)
+    source = models.CharField(max_length=16, choices=[("declared", "declared"), ("measured", "measured")])
+    relative_uncertainty = models.DecimalField(max_digits=6, decimal_places=4, default=0)
+    note = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["site", "valid_from", "id"]
 
 
 class Device(models.Model):
@@ -85,6 +111,12 @@ class Device(models.Model):
     info = models.JSONField(default=dict, blank=True)
     site = models.ForeignKey(Site, null=True, blank=True, on_delete=models.PROTECT, related_name="devices")
     idle_power_w = models.FloatField(null=True, blank=True, help_text="declared idle power; empty: measured")
+    embodied_kg_co2e = models.DecimalField(
+        max_digits=12, decimal_places=3, null=True, blank=True, help_text="embodied emissions, for SCI"
+    )
+    lifetime_years = models.DecimalField(
+        max_digits=6, decimal_places=2, null=True, blank=True, help_text="expected lifetime, for SCI"
+    )
     first_seen_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
@@ -255,3 +287,162 @@ class LedgerAdjustment(ChainedRecord):
     class Meta:
         db_table = "ledger_adjustment"
         constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_adjustment_chain_seq")]
+
+
+# -- carbon: emission factors, residual mixes, instruments, rollups --------------------------------
+
+
+class FactorImport(models.Model):
+    """One import of emission factors: a version. Accepted imports own their factors, which are never
+    edited; a rejected import keeps its errors (line and reason) and owns no factor."""
+
+    class Status(models.TextChoices):
+        ACCEPTED = "accepted"
+        REJECTED = "rejected"
+
+    organization = models.ForeignKey(
+        Organization,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="factor_imports",
+        help_text="empty: shared by every organization (the shipped public figures)",
+    )
+    name = models.CharField(max_length=255)
+    layout = models.CharField(max_length=32)
+    checksum_sha256 = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    row_count = models.IntegerField(default=0)
+    errors = models.JSONField(default=list, blank=True)
+    created_by = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"import {self.pk} ({self.name}, {self.status})"
+
+
+class EmissionFactor(models.Model):
+    """A location-based grid-average factor for a zone and period (one UTC hour or one UTC year)."""
+
+    factor_import = models.ForeignKey(FactorImport, on_delete=models.PROTECT, related_name="factors")
+    zone = models.CharField(max_length=32)
+    zone_name = models.CharField(max_length=200, blank=True)
+    granularity = models.CharField(max_length=8, choices=[("hour", "hour"), ("year", "year")])
+    period_start = models.DateTimeField()
+    period_end = models.DateTimeField()
+    intensity_g_per_kwh = models.DecimalField(max_digits=12, decimal_places=6)
+    basis = models.CharField(max_length=16, choices=[("direct", "direct"), ("lifecycle", "lifecycle")])
+    gases = models.CharField(max_length=64, default="CO2e")
+    source = models.TextField()
+    licence = models.CharField(max_length=200, blank=True)
+    url = models.URLField(max_length=500, blank=True)
+    published = models.CharField(max_length=32, blank=True)
+    estimated = models.BooleanField(default=False)
+    relative_uncertainty = models.DecimalField(max_digits=6, decimal_places=4)
+
+    class Meta:
+        indexes = [models.Index(fields=["zone", "granularity", "period_start"], name="factor_zone_period")]
+
+
+class ResidualMix(models.Model):
+    """A market's residual-mix factor for a calendar year (market-based Scope 2). Never edited."""
+
+    organization = models.ForeignKey(
+        Organization, null=True, blank=True, on_delete=models.PROTECT, related_name="residual_mixes"
+    )
+    zone = models.CharField(max_length=32)
+    year = models.IntegerField()
+    intensity_g_per_kwh = models.DecimalField(max_digits=12, decimal_places=6)
+    source = models.TextField()
+    licence = models.CharField(max_length=200, blank=True)
+    url = models.URLField(max_length=500, blank=True)
+    relative_uncertainty = models.DecimalField(max_digits=6, decimal_places=4, default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["zone", "year", "-id"]
+
+
+class ContractualInstrument(models.Model):
+    """A certificate (REC, GO, I-REC), a PPA or a supplier-specific rate held by an organization."""
+
+    KINDS = ("REC", "GO", "I-REC", "PPA", "supplier_rate")
+
+    organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="instruments")
+    instrument_id = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=[(k, k) for k in KINDS])
+    zone = models.CharField(max_length=32, help_text="the market the instrument belongs to")
+    vintage_start = models.DateTimeField()
+    vintage_end = models.DateTimeField()
+    mwh = models.DecimalField(max_digits=16, decimal_places=6, null=True, blank=True)
+    intensity_g_per_kwh = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    certificate_ids = models.TextField(blank=True)
+    retirement_evidence = models.TextField(blank=True)
+    quality_criteria = models.JSONField(default=dict, blank=True)
+    notes = models.TextField(blank=True)
+    created_by = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["instrument_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "instrument_id"], name="instrument_org_id")
+        ]
+
+
+class HourlyRollup(models.Model):
+    """Energy, requests and CO2e of one organization, site, model, metering method and UTC hour.
+
+    Built from the raw ledger (which stays the source of truth) and rebuildable from it. ``kind`` is
+    ``request`` (request energy of ``model``) or ``idle`` (a device's idle energy; ``model`` is empty and the
+    organization is the site's operator). Energies are IT energy in µJ; CO2e includes the PUE.
+    """
+
+    organization = models.ForeignKey(
+        Organization, null=True, on_delete=models.PROTECT, related_name="+", db_constraint=False
+    )
+    site = models.ForeignKey(Site, null=True, on_delete=models.PROTECT, related_name="+", db_constraint=False)
+    model = models.CharField(max_length=128, blank=True)
+    kind = models.CharField(max_length=8)
+    method = models.CharField(max_length=32)
+    measured = models.BooleanField(default=False)
+    hour = models.DateTimeField()
+    requests = models.BigIntegerField(default=0)
+    work_units = models.BigIntegerField(default=0)
+    energy_uj = models.BigIntegerField(default=0)
+    meter_relative_uncertainty = models.DecimalField(max_digits=6, decimal_places=4, default=0)
+    pue = models.DecimalField(max_digits=5, decimal_places=3, null=True)
+    pue_record = models.ForeignKey(
+        PueRecord, null=True, on_delete=models.PROTECT, related_name="+", db_constraint=False
+    )
+    location_factor = models.ForeignKey(
+        EmissionFactor, null=True, on_delete=models.PROTECT, related_name="+", db_constraint=False
+    )
+    factor_match = models.CharField(max_length=16, blank=True)
+    location_co2e_g = models.DecimalField(max_digits=24, decimal_places=9, null=True)
+    market_co2e_g = models.DecimalField(max_digits=24, decimal_places=9, null=True)
+    carbon_error = models.TextField(blank=True)
+    synthetic = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "rollup_hourly"
+        indexes = [
+            models.Index(fields=["organization", "hour"], name="rollup_org_hour"),
+            models.Index(fields=["site", "hour"], name="rollup_site_hour"),
+        ]
+
+
+class RollupCursor(models.Model):
+    """How far the rollups have read each ledger table of each chain (the records' seq)."""
+
+    table = models.CharField(max_length=32)
+    chain_id = models.IntegerField()
+    seq = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["table", "chain_id"], name="rollup_cursor_table_chain")
+        ]

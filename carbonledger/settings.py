@@ -141,3 +141,22 @@ SITE_NAME = env_str("SITE_NAME", "local")
 SITE_ZONE = env_str("SITE_ZONE", "FR")
 SITE_PUE = env_float("SITE_PUE", 1.0, minimum=1.0)
 SITE_ELECTRICITY = env_choice("SITE_ELECTRICITY", "owned", ("owned", "colocated", "cloud"))
+
+# -- carbon -------------------------------------------------------------------------------------
+# Where an import holds both a direct and a lifecycle factor for the same zone and period, use this
+# basis: GHG Protocol Scope 2 / ISO 14064-1 Category 2 ask for direct (combustion) factors.
+FACTOR_BASIS_PREFERENCE = env_choice("FACTOR_BASIS_PREFERENCE", "direct", ("direct", "lifecycle"))
+# Publishers of grid averages state no uncertainty; this declared 95 % half-width (a fraction) is
+# stored on every imported factor, so a report names the figure it used.
+FACTOR_DEFAULT_RELATIVE_UNCERTAINTY = env_float("FACTOR_DEFAULT_RELATIVE_UNCERTAINTY", 0.10, minimum=0.0)
+# Optional online intensity providers (comma list of names or dotted paths); off by default.
+INTENSITY_PROVIDERS = [p.strip() for p in env_str("INTENSITY_PROVIDERS", "").split(",") if p.strip()]
+ELECTRICITYMAPS_TOKEN = env_str("ELECTRICITYMAPS_TOKEN", "")
+WATTTIME_USERNAME = env_str("WATTTIME_USERNAME", "")
+WATTTIME_PASSWORD = env_str("WATTTIME_PASSWORD", "")
+# How often the scheduled rollup task folds new ledger records into the hourly rollups.
+ROLLUP_INTERVAL_S = env_float("ROLLUP_INTERVAL_S", 60.0, minimum=1.0)
+CELERY_BEAT_SCHEDULE = {
+    "rollups-update": {"task": "carbonledger.rollups_update", "schedule": ROLLUP_INTERVAL_S},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celery" / "beat-schedule")

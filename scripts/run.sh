@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-.venv/bin/celery -A carbonledger worker --pool=threads --concurrency=2 --loglevel=INFO &
+# -B: the embedded beat scheduler (rollups every ROLLUP_INTERVAL_S, monthly reports).
+.venv/bin/celery -A carbonledger worker -B --pool=threads --concurrency=2 --loglevel=INFO &
 WORKER=$!
 trap 'kill "$WORKER" 2>/dev/null || true; wait "$WORKER" 2>/dev/null || true' EXIT INT TERM
 .venv/bin/python manage.py serve --host "${HOST:-127.0.0.1}" --port "${PORT:-8000}"

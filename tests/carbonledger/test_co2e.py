@@ -7,7 +7,6 @@ import ast
 import csv
 import functools
 import itertools
-import os
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -39,8 +38,7 @@ from carbonledger.co2e import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = Path(os.environ.get("CARBONLEDGER_SHARED_DIR", ROOT.parent / "shared"))
-GRID = SHARED / "data" / "grid-intensity"
+GRID = ROOT / "carbonledger" / "data" / "grid-intensity"  # the project's copy of the shared figures
 MODULE = ROOT / "carbonledger" / "co2e.py"
 
 KWH_J = Decimal("3600000")
@@ -64,8 +62,6 @@ def _rows(name: str) -> tuple[dict[str, str], ...]:
 
 
 def rows(name: str) -> tuple[dict[str, str], ...]:
-    if not (GRID / name).exists():
-        pytest.skip(f"{GRID / name} not found (the shared data is not beside this checkout)")
     return _rows(name)
 
 
@@ -343,6 +339,23 @@ def test_valid_rec_covers_part_and_the_rest_goes_at_the_residual_mix() -> None:
         ("residual_mix", Decimal("1.5")),
     ]
     assert result.excluded == ()
+
+
+def test_count_from_lets_earlier_hours_use_up_instruments_without_counting_them() -> None:
+    # The REC's 1 kWh goes to 10:00 (before the counted period); 11:00 is all residual mix: 1.5 x 60 = 90 g.
+    result = market_based(
+        [two_hours_in_paris()],
+        [instrument("REC-1")],
+        [residual_fr_2025()],
+        [fr_2025()],
+        count_from=at(2025, 6, 1, 11),
+    )
+
+    assert result.total.co2e_g == Decimal("90")
+    assert result.total.energy_kwh == Decimal("1.5")
+    assert result.covered_mwh == {"REC-1": Decimal("0")}
+    assert result.instruments_used[0].unused_mwh == 0
+    assert [(line.source, line.energy_kwh) for line in result.lines] == [("residual_mix", Decimal("1.5"))]
 
 
 def test_instrument_failing_a_criterion_is_excluded_with_the_reason() -> None:

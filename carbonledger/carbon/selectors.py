@@ -1,0 +1,403 @@
+"""Reads of the carbon domain: the factor versions, PUE records, instruments and residual mixes a
+calculation uses, turned into the pure core's types (:mod:`carbonledger.co2e`), and rollup queries."""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q, Sum
+
+from carbonledger import co2e
+from carbonledger.models import (
+    ContractualInstrument,
+    EmissionFactor,
+    FactorImport,
+    HourlyRollup,
+    PueRecord,
+    ResidualMix,
+)
+
+
+@dataclass
+class FactorSet:
+    """The location-based factors of some zones, one version per zone and period.
+
+    Where several imports cover the same zone and period, the preferred basis wins
+    (``FACTOR_BASIS_PREFERENCE``), then the newest import: a new import is a new version.
+    """
+
+    annual: dict[str, list[co2e.Factor]] = field(default_factory=dict)
+    hourly: dict[tuple[str, datetime], co2e.Factor] = field(default_factory=dict)
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def candidates(self, zone: str, hour: datetime) -> list[co2e.Factor]:
+        """What :func:`co2e.select_factor` should choose among for ``zone`` at ``hour``."""
+        hourly = self.hourly.get((zone, hour))
+        return [hourly] if hourly is not None else self.annual.get(zone, [])
+
+    def all(self) -> list[co2e.Factor]:
+        return [f for fs in self.annual.values() for f in fs] + list(self.hourly.values())
+
+
+_FACTOR_FIELDS = (
+    "id",
+    "factor_import_id",
+    "zone",
+    "zone_name",
+    "granularity",
+    "period_start",
+    "period_end",
+    "intensity_g_per_kwh",
+    "basis",
+    "gases",
+    "source",
+    "licence",
+    "url",
+    "published",
+    "estimated",
+    "relative_uncertainty",
+)
+
+
+def factor_set(
+    zones: Iterable[str],
+    organization_id: int | None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> FactorSet:
+    """Annual factors of ``zones`` and their hourly factors in [start, end) (all hours when open)."""
+    zone_list = sorted(set(zones))
+    owners = Q(factor_import__organization__isnull=True)
+    if organization_id is not None:
+        owners |= Q(factor_import__organization_id=organization_id)
+    hourly = Q(granularity="hour")
+    if start is not None:
+        hourly &= Q(period_start__gte=start)
+    if end is not None:
+        hourly &= Q(period_start__lt=end)
+    rows = (
+        EmissionFactor.objects.filter(owners, zone__in=zone_list)
+        .filter(factor_import__status=FactorImport.Status.ACCEPTED)
+        .filter(Q(granularity="year") | hourly)
+        .values(*_FACTOR_FIELDS)
+    )
+    preferred = settings.FACTOR_BASIS_PREFERENCE
+    best: dict[tuple[str, str, datetime], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["zone"], row["granularity"], row["period_start"])
+        rank = (row["basis"] == preferred, row["factor_import_id"], row["id"])
+        held = best.get(key)
+        if held is None or rank > (held["basis"] == preferred, held["factor_import_id"], held["id"]):
+            best[key] = row
+    result = FactorSet()
+    for (zone, granularity, period_start), row in best.items():
+        factor = co2e.Factor(
+            factor_id=str(row["id"]),
+            zone=zone,
+            period_start=period_start,
+            period_end=row["period_end"],
+            granularity=granularity,
+            intensity_g_per_kwh=row["intensity_g_per_kwh"],
+            basis=row["basis"],
+            source=row["source"],
+            licence=row["licence"],
+            relative_uncertainty=row["relative_uncertainty"],
+        )
+        result.records[factor.factor_id] = row
+        if granularity == "hour":
+            result.hourly[(zone, period_start)] = factor
+        else:
+            result.annual.setdefault(zone, []).append(factor)
+    return result
+
+
+class PueHistory:
+    """The PUE records of sites, to find the one valid at an hour."""
+
+    def __init__(self, site_ids: Iterable[int]) -> None:
+        self._records: dict[int, list[PueRecord]] = defaultdict(list)
+        for record in PueRecord.objects.filter(site_id__in=set(site_ids)).order_by("valid_from", "id"):
+            self._records[record.site_id].append(record)
+        self._starts = {site: [r.valid_from for r in rs] for site, rs in self._records.items()}
+
+    def at(self, site_id: int, hour: datetime) -> PueRecord | None:
+        records = self._records.get(site_id)
+        if not records:
+            return None
+        # The latest record valid at the hour; several with the same valid_from: the newest.
+        index = bisect.bisect_right(self._starts[site_id], hour) - 1
+        return records[max(index, 0)]
+
+
+def instruments_of(organization_id: int) -> tuple[list[co2e.Instrument], dict[str, ContractualInstrument]]:
+    records = list(ContractualInstrument.objects.filter(organization_id=organization_id))
+    instruments = [
+        co2e.Instrument(
+            instrument_id=r.instrument_id,
+            kind=r.kind,  # type: ignore[arg-type]
+            zone=r.zone,
+            vintage_start=r.vintage_start,
+            vintage_end=r.vintage_end,
+            mwh=r.mwh,
+            intensity_g_per_kwh=r.intensity_g_per_kwh,
+            quality_criteria=dict(r.quality_criteria),
+        )
+        for r in records
+    ]
+    return instruments, {r.instrument_id: r for r in records}
+
+
+def residual_mixes_of(organization_id: int | None) -> list[co2e.ResidualMix]:
+    """One residual mix per zone and year: the organization's own over the shared ones, newest first."""
+    owners = Q(organization__isnull=True)
+    if organization_id is not None:
+        owners |= Q(organization_id=organization_id)
+    chosen: dict[tuple[str, int], ResidualMix] = {}
+    for mix in ResidualMix.objects.filter(owners).order_by("id"):
+        key = (mix.zone, mix.year)
+        held = chosen.get(key)
+        if held is None or (mix.organization_id is not None) >= (held.organization_id is not None):
+            chosen[key] = mix
+    return [
+        co2e.ResidualMix(
+            zone=m.zone,
+            year=m.year,
+            intensity_g_per_kwh=m.intensity_g_per_kwh,
+            source=f"residual mix {m.pk}: {m.source}",
+            relative_uncertainty=m.relative_uncertainty,
+        )
+        for m in chosen.values()
+    ]
+
+
+def factor_attributions(
+    factor_ids: Iterable[int] | None = None, *, organization_id: int | None = None
+) -> list[dict[str, str]]:
+    """Source, licence and address of factors (all accepted ones visible to ``organization_id`` -- its own
+    and the shared ones -- when ``factor_ids`` is None): the attribution every page and report that shows
+    them must carry."""
+    owners = Q(factor_import__organization__isnull=True)
+    if organization_id is not None:
+        owners |= Q(factor_import__organization_id=organization_id)
+    qs = EmissionFactor.objects.filter(owners, factor_import__status=FactorImport.Status.ACCEPTED)
+    if factor_ids is not None:
+        qs = qs.filter(id__in=list(factor_ids))
+    return list(qs.values("source", "licence", "url").distinct().order_by("source", "licence", "url"))
+
+
+# -- rollups -------------------------------------------------------------------------------------
+
+
+def rollup_totals(organization_id: int, start: datetime, end: datetime) -> dict[str, Any]:
+    """Totals of one organization over [start, end) from the hourly rollups."""
+    qs = HourlyRollup.objects.filter(organization_id=organization_id, hour__gte=start, hour__lt=end)
+    # Aliases differ from the field names: Django refuses an aggregate named like a field it sums.
+    totals = qs.aggregate(
+        n=Sum("requests"),
+        all_uj=Sum("energy_uj"),
+        idle=Sum("energy_uj", filter=Q(kind="idle")),
+        measured=Sum("energy_uj", filter=Q(measured=True)),
+        location=Sum("location_co2e_g"),
+        market=Sum("market_co2e_g"),
+    )
+    return {
+        "requests": totals["n"] or 0,
+        "energy_uj": totals["all_uj"] or 0,
+        "idle_uj": totals["idle"] or 0,
+        "measured_uj": totals["measured"] or 0,
+        "location_co2e_g": totals["location"] or Decimal(0),
+        "market_co2e_g": totals["market"] or Decimal(0),
+    }
+
+
+@dataclass
+class CarbonSummary:
+    """The carbon inventory of one organization over [start, end), from the hourly rollups, computed by the
+    pure core (:mod:`carbonledger.co2e`) with the factor versions, PUE records and instruments in force."""
+
+    organization_id: int
+    start: datetime
+    end: datetime
+    requests: int
+    energy_uj: int  # IT energy, requests and idle
+    idle_uj: int
+    energy_uj_by_method: dict[str, int]
+    measured_uj: int
+    location: co2e.LocationResult
+    market: co2e.MarketResult
+    sci_g_per_request: Decimal | None
+    embodied_g: Decimal
+    factor_records: dict[str, dict[str, Any]]
+    pue_records: list[dict[str, Any]]
+    instruments: dict[str, ContractualInstrument]
+    not_valued: list[dict[str, Any]]  # rows with no CO2e, and why
+    rollup_rows: int
+
+
+def carbon_summary(organization_id: int, start: datetime, end: datetime) -> CarbonSummary:
+    from carbonledger.models import Device, Site
+
+    hour = timedelta(hours=1)
+    rows = list(
+        HourlyRollup.objects.filter(organization_id=organization_id, hour__gte=start, hour__lt=end).order_by(
+            "hour", "id"
+        )
+    )
+    sites = {s.pk: s for s in Site.objects.filter(pk__in={r.site_id for r in rows if r.site_id})}
+    pue = PueHistory(sites)
+    instruments, instrument_records = instruments_of(organization_id)
+    counted_from = min([start, *(i.vintage_start for i in instruments if i.vintage_start < start)])
+    earlier = (
+        list(
+            HourlyRollup.objects.filter(
+                organization_id=organization_id, hour__gte=counted_from, hour__lt=start
+            ).order_by("hour", "id")
+        )
+        if counted_from < start
+        else []
+    )
+    for row in earlier:
+        if row.site_id and row.site_id not in sites:
+            sites[row.site_id] = Site.objects.get(pk=row.site_id)
+    if earlier:
+        pue = PueHistory(sites)
+    factors = factor_set({s.zone for s in sites.values()}, organization_id, counted_from, end)
+
+    def consumptions(selected: list[HourlyRollup]) -> tuple[list[co2e.Consumption], list[dict[str, Any]]]:
+        out: list[co2e.Consumption] = []
+        skipped: list[dict[str, Any]] = []
+        for row in selected:
+            site = sites.get(row.site_id) if row.site_id is not None else None
+            record = pue.at(site.pk, row.hour) if site is not None else None
+            if site is None or record is None or row.energy_uj < 0:
+                skipped.append(
+                    {
+                        "hour": row.hour,
+                        "model": row.model,
+                        "energy_uj": row.energy_uj,
+                        "why": row.carbon_error,
+                    }
+                )
+                continue
+            used_pue[record.pk] = record
+            begin = row.hour.astimezone(UTC)
+            out.append(
+                co2e.Consumption(
+                    site_id=str(site.pk),
+                    zone=site.zone,
+                    start=begin,
+                    end=begin + hour,
+                    energy_j=Decimal(row.energy_uj).scaleb(-6),
+                    pue=record.pue,
+                    pue_relative_uncertainty=record.relative_uncertainty,
+                    meter_relative_uncertainty=row.meter_relative_uncertainty,
+                    scope_category=site.scope_category,  # type: ignore[arg-type]
+                )
+            )
+        return out, skipped
+
+    used_pue: dict[int, PueRecord] = {}
+    counted, not_valued = consumptions(rows)
+    before, _ = consumptions(earlier)
+    location = co2e.location_based(counted, factors.all())
+    market = co2e.market_based(
+        before + counted,
+        instruments,
+        residual_mixes_of(organization_id),
+        factors.all(),
+        count_from=start,
+    )
+    by_method: dict[str, int] = defaultdict(int)
+    for row in rows:
+        by_method[row.method] += row.energy_uj
+    requests = sum(r.requests for r in rows)
+    embodied = Decimal(0)
+    for device in Device.objects.filter(site_id__in=list(sites)).exclude(embodied_kg_co2e=None):
+        if device.lifetime_years is None:
+            continue
+        reserved_hours = len({r.hour for r in rows if r.site_id == device.site_id})
+        embodied += co2e.embodied_share_g(
+            device.embodied_kg_co2e,
+            device.lifetime_years * Decimal(365 * 24 * 3600),
+            reserved_hours * 3600,
+        )
+    sci = None
+    if requests:
+        # SCI = (E x I + M) / R with E x I the location-based CO2e of the hour slices (no instruments).
+        sci = (location.total.co2e_g + embodied) / Decimal(requests)
+    used_factor_ids = {use.factor.factor_id for use in location.factors_used}
+    used_factor_ids |= {line.source_id for line in market.lines if line.source == "grid_average"}
+    return CarbonSummary(
+        organization_id=organization_id,
+        start=start,
+        end=end,
+        requests=requests,
+        energy_uj=sum(r.energy_uj for r in rows),
+        idle_uj=sum(r.energy_uj for r in rows if r.kind == "idle"),
+        energy_uj_by_method=dict(by_method),
+        measured_uj=sum(r.energy_uj for r in rows if r.measured),
+        location=location,
+        market=market,
+        sci_g_per_request=sci,
+        embodied_g=embodied,
+        factor_records={fid: factors.records[fid] for fid in used_factor_ids if fid in factors.records},
+        pue_records=[
+            {
+                "id": r.pk,
+                "site": sites[r.site_id].name,
+                "valid_from": r.valid_from,
+                "pue": r.pue,
+                "source": r.source,
+                "relative_uncertainty": r.relative_uncertainty,
+            }
+            for r in used_pue.values()
+        ],
+        instruments=instrument_records,
+        not_valued=not_valued,
+        rollup_rows=len(rows),
+    )
+
+
+ROLLUP_STEPS = ("hour", "day", "month")
+
+
+def rollup_series(organization_id: int, start: datetime, end: datetime, step: str) -> list[dict[str, Any]]:
+    """Totals per ``step`` (hour, day or month, UTC) over [start, end) from the hourly rollups: the series
+    the dashboard's charts and the reports draw."""
+    from django.db.models import F
+    from django.db.models.functions import TruncDay, TruncMonth
+
+    if step not in ROLLUP_STEPS:
+        raise ValueError(f"step must be hour, day or month, got {step!r}")
+    bucket = {"hour": F("hour"), "day": TruncDay("hour", tzinfo=UTC), "month": TruncMonth("hour", tzinfo=UTC)}
+    rows = (
+        HourlyRollup.objects.filter(organization_id=organization_id, hour__gte=start, hour__lt=end)
+        .annotate(t=bucket[step])
+        .values("t")
+        .order_by("t")
+        .annotate(
+            n=Sum("requests"),
+            all_uj=Sum("energy_uj"),
+            idle=Sum("energy_uj", filter=Q(kind="idle")),
+            location=Sum("location_co2e_g"),
+            market=Sum("market_co2e_g"),
+        )
+    )
+    return [
+        {
+            "t": row["t"],
+            "requests": row["n"] or 0,
+            "energy_uj": row["all_uj"] or 0,
+            "idle_uj": row["idle"] or 0,
+            "location_co2e_g": row["location"] or Decimal(0),
+            "market_co2e_g": row["market"] or Decimal(0),
+        }
+        for row in rows
+    ]
