@@ -386,6 +386,9 @@ class Consumption:
     pue_relative_uncertainty: Decimal
     meter_relative_uncertainty: Decimal
     scope_category: ScopeCategory
+    #: The caller's label for the slice (e.g. a rollup row), kept by :func:`split_by_hour` and on every
+    #: result line so results can be broken down by what the caller knows; no role in the arithmetic.
+    tag: str = ""
 
     def __post_init__(self) -> None:
         start = _utc(self.start, "start")

@@ -446,3 +446,29 @@ class RollupCursor(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["table", "chain_id"], name="rollup_cursor_table_chain")
         ]
+
+
+class LedgerVerification(models.Model):
+    """A verification run of one chain: records ``from_seq + 1 .. seq`` re-hashed and linked, starting at the
+    hash of an earlier verification (``from_seq`` 0: from genesis, a full verification). ``problem`` names the
+    first broken link; empty when intact."""
+
+    chain = models.ForeignKey(LedgerChain, on_delete=models.PROTECT, related_name="verifications")
+    from_seq = models.BigIntegerField()
+    seq = models.BigIntegerField()
+    hash = models.CharField(max_length=64)
+    records = models.BigIntegerField()
+    problem = models.TextField(blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["chain", "-seq", "-id"]
+
+    @property
+    def full(self) -> bool:
+        return self.from_seq == 0
+
+    @property
+    def intact(self) -> bool:
+        return not self.problem

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -127,3 +128,38 @@ def ledger_adjust(
     chain.head_hash = digest
     chain.save(update_fields=["head_seq", "head_hash"])
     return adj
+
+
+def ledger_verify(*, full: bool = False) -> list[Any]:
+    """Verify every chain and record the result (a ``LedgerVerification`` per chain).
+
+    Incremental by default: from the newest intact verification of each chain (the records up to it were
+    linked then; a later full run re-checks them). ``full`` starts every chain from genesis.
+    """
+    from carbonledger.ledger import GENESIS
+    from carbonledger.ledger_verify import verify_chain
+    from carbonledger.models import LedgerVerification
+
+    results = []
+    for chain in LedgerChain.objects.order_by("pk"):
+        start = timezone.now()
+        last = (
+            None
+            if full
+            else LedgerVerification.objects.filter(chain=chain, problem="").order_by("-seq").first()
+        )
+        after_seq, after_hash = (last.seq, last.hash) if last is not None else (0, GENESIS)
+        report = verify_chain(chain, after_seq, after_hash)
+        results.append(
+            LedgerVerification.objects.create(
+                chain=chain,
+                from_seq=after_seq,
+                seq=chain.head_seq if report.broken is None else report.broken.seq - 1,
+                hash=chain.head_hash if report.broken is None else "",
+                records=report.records,
+                problem="" if report.broken is None else str(report.broken),
+                started_at=start,
+                finished_at=timezone.now(),
+            )
+        )
+    return results

@@ -156,7 +156,28 @@ WATTTIME_USERNAME = env_str("WATTTIME_USERNAME", "")
 WATTTIME_PASSWORD = env_str("WATTTIME_PASSWORD", "")
 # How often the scheduled rollup task folds new ledger records into the hourly rollups.
 ROLLUP_INTERVAL_S = env_float("ROLLUP_INTERVAL_S", 60.0, minimum=1.0)
-CELERY_BEAT_SCHEDULE = {
+# Ledger verification: the new records every LEDGER_VERIFY_INTERVAL_S, every record once a day.
+LEDGER_VERIFY_INTERVAL_S = env_float("LEDGER_VERIFY_INTERVAL_S", 600.0, minimum=1.0)
+LEDGER_FULL_VERIFY_INTERVAL_S = env_float("LEDGER_FULL_VERIFY_INTERVAL_S", 86400.0, minimum=60.0)
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "rollups-update": {"task": "carbonledger.rollups_update", "schedule": ROLLUP_INTERVAL_S},
+    "ledger-verify": {"task": "carbonledger.verify_ledger", "schedule": LEDGER_VERIFY_INTERVAL_S},
+    "ledger-verify-full": {
+        "task": "carbonledger.verify_ledger",
+        "schedule": LEDGER_FULL_VERIFY_INTERVAL_S,
+        "kwargs": {"full": True},
+    },
 }
+# Reports: last month's report for each organization, on the 1st at 02:00 UTC (off: REPORTS_MONTHLY=false).
+REPORTS_MONTHLY = env_bool("REPORTS_MONTHLY", True)
+if REPORTS_MONTHLY:
+    from celery.schedules import crontab
+
+    CELERY_BEAT_SCHEDULE["reports-monthly"] = {
+        "task": "reports.monthly",
+        "schedule": crontab(minute=0, hour=2, day_of_month=1),
+    }
+CELERY_TIMEZONE = "UTC"
+if INTENSITY_PROVIDERS:
+    CELERY_BEAT_SCHEDULE["intensity-fetch"] = {"task": "carbonledger.intensity_fetch", "schedule": 3600.0}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celery" / "beat-schedule")

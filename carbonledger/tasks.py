@@ -27,3 +27,21 @@ def recompute_carbon(organization_id: int | None) -> int:
     from carbonledger.carbon.rollups import recompute_carbon as recompute
 
     return recompute(organization_id)
+
+
+@shared_task(name="carbonledger.intensity_fetch")
+def intensity_fetch() -> list[int]:
+    """Scheduled hourly when INTENSITY_PROVIDERS names any: store the providers' recent hourly history as
+    new factor versions (an identical answer is not stored twice, so reruns are harmless)."""
+    from carbonledger.carbon.services import intensity_fetch as fetch
+
+    return [record.pk for record in fetch()]
+
+
+@shared_task(name="carbonledger.verify_ledger")
+def verify_ledger(full: bool = False) -> list[str]:
+    """Scheduled: link and re-hash the records written since the last verification (and, daily, every
+    record from genesis). Read-only on the ledger; each run is recorded, so reruns are harmless."""
+    from carbonledger.services import ledger_verify
+
+    return [v.problem or f"{v.chain.chain_id}: intact to seq {v.seq}" for v in ledger_verify(full=full)]

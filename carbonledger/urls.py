@@ -3,6 +3,7 @@ from django.urls import path
 
 from carbonledger import api, views
 from carbonledger.carbon import api as carbon_api
+from reports import api as reports_api
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -20,4 +21,13 @@ urlpatterns = [
     path("api/v1/devices/<str:device_id>", carbon_api.devices, name="api-device"),
     path("api/v1/rollups", carbon_api.rollups, name="api-rollups"),
     path("api/v1/carbon", carbon_api.carbon, name="api-carbon"),
+    path("api/v1/reports", reports_api.reports, name="api-reports"),
+    path("api/v1/reports/<int:pk>", reports_api.report_detail, name="api-report"),
+    path("api/v1/reports/<int:pk>/retry", reports_api.report_retry_view, name="api-report-retry"),
+    path(
+        "api/v1/reports/<int:pk>/recalculate",
+        reports_api.report_recalculate_view,
+        name="api-report-recalculate",
+    ),
+    path("api/v1/reports/<int:pk>/files/<str:fmt>", reports_api.report_file, name="api-report-file"),
 ]

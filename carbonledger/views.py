@@ -9,7 +9,13 @@ from rest_framework.response import Response
 
 
 def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "home.html", {"model_repository": settings.MODEL_REPOSITORY})
+    from carbonledger.carbon.selectors import factor_attributions
+
+    return render(
+        request,
+        "home.html",
+        {"model_repository": settings.MODEL_REPOSITORY, "attributions": factor_attributions()},
+    )
 
 
 @api_view(["GET"])

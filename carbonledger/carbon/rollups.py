@@ -283,7 +283,8 @@ def _key_of(row: HourlyRollup) -> Key:
 def _consumption(row: HourlyRollup, site: Site, pue_record: Any, tag: str) -> co2e.Consumption:
     start = row.hour.astimezone(UTC)
     return co2e.Consumption(
-        site_id=tag,
+        site_id=str(site.pk),
+        tag=tag,
         zone=site.zone,
         start=start,
         end=start + _HOUR,
@@ -400,7 +401,7 @@ def market_recompute(organization_id: int | None, first_hour: datetime | None = 
         else:
             sums: dict[str, Decimal] = defaultdict(Decimal)
             for line in result.lines:
-                sums[line.consumption.site_id] += line.co2e_g
+                sums[line.consumption.tag] += line.co2e_g
             for tag, row in by_tag.items():
                 row.market_co2e_g = sums[tag].quantize(_STORE)
     _save_columns(rows, ["market_co2e_g", "carbon_error"])

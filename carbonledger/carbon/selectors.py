@@ -239,6 +239,8 @@ class CarbonSummary:
     instruments: dict[str, ContractualInstrument]
     not_valued: list[dict[str, Any]]  # rows with no CO2e, and why
     rollup_rows: int
+    rows: dict[str, HourlyRollup]  # by the tag (str(pk)) that every result line carries
+    sites: dict[int, Any]
 
 
 def carbon_summary(organization_id: int, start: datetime, end: datetime) -> CarbonSummary:
@@ -299,6 +301,7 @@ def carbon_summary(organization_id: int, start: datetime, end: datetime) -> Carb
                     pue_relative_uncertainty=record.relative_uncertainty,
                     meter_relative_uncertainty=row.meter_relative_uncertainty,
                     scope_category=site.scope_category,  # type: ignore[arg-type]
+                    tag=str(row.pk),
                 )
             )
         return out, skipped
@@ -362,6 +365,8 @@ def carbon_summary(organization_id: int, start: datetime, end: datetime) -> Carb
         instruments=instrument_records,
         not_valued=not_valued,
         rollup_rows=len(rows),
+        rows={str(r.pk): r for r in rows},
+        sites=sites,
     )
 
 

@@ -192,3 +192,10 @@ def test_rejected_imports_are_kept_with_their_errors(shipped: None) -> None:
     carbon.factor_import_csv(data=b"nonsense\n1\n", name="junk.csv")
     record = FactorImport.objects.get(name="junk.csv")
     assert record.status == "rejected" and record.errors
+
+
+def test_the_home_page_shows_the_attribution_of_the_shipped_figures(shipped: None, client) -> None:
+    page = client.get("/").content.decode()
+    assert "Ember (2026), with major processing by Our World in Data" in page
+    assert "CC BY 4.0" in page
+    assert "US EPA eGRID2023" in page

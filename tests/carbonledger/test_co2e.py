@@ -7,6 +7,7 @@ import ast
 import csv
 import functools
 import itertools
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -615,6 +616,13 @@ def test_reporting_edge_rounds_half_even_and_uncertainty_up() -> None:
     assert report_kwh(Decimal("0.0000005")) == Decimal("0.000000")
     assert report_uncertainty_g(Decimal("0.0121")) == Decimal("0.013")
     assert report_relative(Decimal("0.32015")) == Decimal("0.3202")
+
+
+def test_the_callers_tag_is_kept_on_every_slice_and_result_line() -> None:
+    tagged = replace(two_hours_in_paris(), tag="row-7")
+    assert {piece.tag for piece in split_by_hour(tagged)} == {"row-7"}
+    result = location_based([tagged], [fr_2025()])
+    assert [line.consumption.tag for line in result.lines] == ["row-7", "row-7"]
 
 
 def test_split_by_hour_divides_in_proportion_to_time_with_the_remainder_last() -> None:

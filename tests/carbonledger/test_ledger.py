@@ -228,3 +228,42 @@ def test_request_api_returns_final_energy_and_hides_other_organizations(tmp_path
         HTTP_AUTHORIZATION=f"Bearer {api_key_create(organization=mine, scopes='infer').raw_key}"
     )
     assert infer_only.get(f"/api/v1/requests/{ids[0]}").status_code == 403
+
+
+def test_incremental_verification_starts_where_the_last_one_ended(tmp_path: Path) -> None:
+    from carbonledger.services import ledger_verify
+
+    org = OrganizationFactory()
+    spool = drained(tmp_path / "spool", [lines_for_batch(org.pk)[0]])
+    (first,) = ledger_verify()
+    assert (first.from_seq, first.intact, first.full) == (0, True, True)
+    lines, _ = lines_for_batch(org.pk)
+    spool.append(b"".join(lines))
+    writer = LedgerWriter(spool)
+    writer.recover()
+    writer.drain_all()
+    (second,) = ledger_verify()
+    assert (second.from_seq, second.seq, second.intact) == (first.seq, first.seq + second.records, True)
+    assert second.records == LedgerChain.objects.get().head_seq - first.seq
+    spool.close()
+
+
+def test_incremental_verification_catches_a_changed_new_record_and_full_catches_an_old_one(
+    tmp_path: Path,
+) -> None:
+    from carbonledger.services import ledger_verify
+
+    org = OrganizationFactory()
+    spool = drained(tmp_path / "spool", [lines_for_batch(org.pk)[0]])
+    ledger_verify()
+    old = LedgerRequest.objects.order_by("seq").first()
+    assert old is not None
+    with connection.cursor() as cur:
+        cur.execute("UPDATE ledger_request SET work_units = work_units + 1 WHERE id = %s", [old.pk])
+    # The records verified before are not re-hashed by an incremental run...
+    (incremental,) = ledger_verify()
+    assert incremental.intact and incremental.records == 0
+    # ...the daily full run finds the change.
+    (full,) = ledger_verify(full=True)
+    assert f"seq {old.seq}" in full.problem and "do not match its hash" in full.problem
+    spool.close()

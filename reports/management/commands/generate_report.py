@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from carbonledger import selectors
+from carbonledger.services import ServiceError
+from reports.models import Report
+from reports.services import report_request
+from reports.tasks import generate_report
+
+
+def _day(raw: str, name: str) -> date:
+    try:
+        return date.fromisoformat(raw)
+    except ValueError:
+        raise CommandError(f"--{name} must be a date YYYY-MM-DD, got {raw!r}") from None
+
+
+class Command(BaseCommand):
+    help = (
+        "Generate an organization's GHG report for [start, end) and write its PDF, CSV and JSON to --out. "
+        "The report is queued like any other and its Celery task is run here, so no worker is needed."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--org", required=True, help="organization slug")
+        parser.add_argument("--start", required=True, help="first day, YYYY-MM-DD")
+        parser.add_argument("--end", required=True, help="day after the last, YYYY-MM-DD (exclusive)")
+        parser.add_argument("--out", required=True, type=Path, help="folder for the three files")
+        parser.add_argument("--accept-broken-chain", action="store_true")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        org = selectors.organization_by_slug(opts["org"])
+        if org is None:
+            raise CommandError(f"no organization with the slug '{opts['org']}'")
+        start, end = _day(opts["start"], "start"), _day(opts["end"], "end")
+        try:
+            report = report_request(
+                organization=org,
+                start=start,
+                end=end,
+                requested_by="manage.py generate_report",
+                accept_broken_chain=opts["accept_broken_chain"],
+            )
+        except ServiceError as exc:
+            raise CommandError(str(exc)) from None
+        generate_report.apply(args=[report.pk])
+        report.refresh_from_db()
+        if report.status != Report.Status.DONE:
+            raise CommandError(
+                f"report {report.pk} {report.status}: {report.failure_reason or 'still running'}"
+            )
+        out: Path = opts["out"]
+        out.mkdir(parents=True, exist_ok=True)
+        for file in report.files.order_by("format"):
+            path = out / file.filename
+            path.write_bytes(bytes(file.content))
+            self.stdout.write(f"{path}  sha256 {file.sha256}")
+        self.stdout.write(f"report {report.pk}: inputs sha256 {report.inputs_sha256}")

@@ -1,0 +1,201 @@
+"""Writes of the reports domain: request, generate (the Celery task's body), retry, recalculate, monthly."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from datetime import UTC, date, datetime, timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from carbonledger.models import HourlyRollup, Organization
+from carbonledger.services import ServiceError
+from reports.models import Report, ReportFile
+from reports.pdf import html_to_pdf
+from reports.render import render_csv, render_html, render_json
+from reports.snapshot import ReportFailure, ReportProgress, build_snapshot
+
+log = logging.getLogger(__name__)
+
+ACTIVE = (Report.Status.QUEUED, Report.Status.RUNNING)
+
+
+def _queue(report: Report) -> None:
+    from reports.tasks import generate_report
+
+    report_id = report.pk
+    transaction.on_commit(lambda: generate_report.delay(report_id))
+
+
+def report_request(
+    *,
+    organization: Organization,
+    start: date,
+    end: date,
+    requested_by: str = "",
+    accept_broken_chain: bool = False,
+    kind: str = "on_demand",
+    replaces: Report | None = None,
+    replacement_reason: str = "",
+) -> Report:
+    """Ask for a report of [start, end). While one for the same organization and period is queued or
+    running, that one is returned instead of starting a second run."""
+    if start >= end:
+        raise ServiceError(f"the period start {start} must be before its end {end}")
+    if start > timezone.now().date():
+        raise ServiceError(f"the period starts in the future ({start})")
+    if end - start > timedelta(days=3660):
+        raise ServiceError("a report covers at most ten years")
+    active = Report.objects.filter(
+        organization=organization, period_start=start, period_end=end, status__in=ACTIVE
+    ).first()
+    if active is not None:
+        return active
+    try:
+        with transaction.atomic():
+            report = Report.objects.create(
+                organization=organization,
+                period_start=start,
+                period_end=end,
+                requested_by=requested_by,
+                accept_broken_chain=accept_broken_chain,
+                kind=kind,
+                replaces=replaces,
+                replacement_reason=replacement_reason,
+            )
+            _queue(report)
+    except IntegrityError:  # another request won the race for this period
+        return Report.objects.get(
+            organization=organization, period_start=start, period_end=end, status__in=ACTIVE
+        )
+    return report
+
+
+def report_recalculate(*, report: Report, reason: str, requested_by: str = "") -> Report:
+    """A new version of a finished report, naming the one it replaces and why; the old one is unchanged."""
+    if not reason.strip():
+        raise ServiceError("a recalculation needs a reason")
+    if report.status != Report.Status.DONE:
+        raise ServiceError(
+            f"report {report.pk} is {report.status}; only a finished report can be recalculated"
+        )
+    return report_request(
+        organization=report.organization,
+        start=report.period_start,
+        end=report.period_end,
+        requested_by=requested_by,
+        accept_broken_chain=report.accept_broken_chain,
+        kind=report.kind,
+        replaces=report,
+        replacement_reason=reason.strip(),
+    )
+
+
+def report_retry(*, report: Report) -> Report:
+    """Run a failed report again (after the cause was fixed)."""
+    if report.status != Report.Status.FAILED:
+        raise ServiceError(f"report {report.pk} is {report.status}; only a failed report can be retried")
+    try:
+        with transaction.atomic():
+            Report.objects.filter(pk=report.pk, status=Report.Status.FAILED).update(
+                status=Report.Status.QUEUED, progress=0, progress_message="queued again", failure_reason=""
+            )
+            _queue(report)
+    except IntegrityError:
+        raise ServiceError("another report for the same period is already queued or running") from None
+    report.refresh_from_db()
+    return report
+
+
+def _progress(report_id: int) -> ReportProgress:
+    def update(percent: int, message: str) -> None:
+        Report.objects.filter(pk=report_id).update(progress=percent, progress_message=message[:200])
+
+    return update
+
+
+def report_generate(report_id: int) -> Report | None:
+    """Generate a queued report: freeze the snapshot, render PDF, CSV and JSON, store them with their
+    SHA-256. Safe to run twice: only a queued report is claimed, so a second run finds nothing to do."""
+    claimed = Report.objects.filter(pk=report_id, status=Report.Status.QUEUED).update(
+        status=Report.Status.RUNNING,
+        started_at=timezone.now(),
+        attempts=F("attempts") + 1,
+        progress=5,
+        progress_message="started",
+    )
+    report = Report.objects.select_related("organization").filter(pk=report_id).first()
+    if report is None or not claimed:
+        return report
+    progress = _progress(report.pk)
+    try:
+        snapshot = build_snapshot(report, progress)
+        progress(70, "rendering CSV and JSON")
+        files = {"csv": render_csv(snapshot), "json": render_json(snapshot)}
+        progress(80, "rendering the PDF")
+        files["pdf"] = html_to_pdf(render_html(snapshot))
+    except ReportFailure as exc:
+        return _fail(report, str(exc))
+    except Exception as exc:
+        log.exception("report %s failed", report.pk)
+        return _fail(report, f"unexpected error: {type(exc).__name__}: {exc}")
+    stem = f"ghg-report-{report.organization.slug}-{report.period_start}-{report.period_end}-r{report.pk}"
+    with transaction.atomic():
+        ReportFile.objects.filter(report=report).delete()
+        for fmt, content in files.items():
+            ReportFile.objects.create(
+                report=report,
+                format=fmt,
+                filename=f"{stem}.{fmt}",
+                sha256=hashlib.sha256(content).hexdigest(),
+                size=len(content),
+                content=content,
+            )
+        Report.objects.filter(pk=report.pk).update(
+            status=Report.Status.DONE,
+            snapshot=snapshot,
+            inputs_sha256=snapshot["inputs_sha256"],
+            code_version=snapshot["code_version"],
+            progress=100,
+            progress_message="done",
+            finished_at=timezone.now(),
+        )
+    report.refresh_from_db()
+    return report
+
+
+def _fail(report: Report, reason: str) -> Report:
+    Report.objects.filter(pk=report.pk).update(
+        status=Report.Status.FAILED,
+        failure_reason=reason,
+        progress_message="failed",
+        finished_at=timezone.now(),
+    )
+    report.refresh_from_db()
+    return report
+
+
+def reports_monthly(*, today: date | None = None) -> list[Report]:
+    """Request last month's report for every organization with rolled-up energy in it (once per month)."""
+    day = today or timezone.now().date()
+    end = day.replace(day=1)
+    start = (end - timedelta(days=1)).replace(day=1)
+    start_dt = datetime(start.year, start.month, 1, tzinfo=UTC)
+    end_dt = datetime(end.year, end.month, 1, tzinfo=UTC)
+    org_ids = set(
+        HourlyRollup.objects.filter(hour__gte=start_dt, hour__lt=end_dt, organization__isnull=False)
+        .values_list("organization_id", flat=True)
+        .distinct()
+    )
+    made = []
+    for org in Organization.objects.filter(pk__in=org_ids).order_by("pk"):
+        if Report.objects.filter(
+            organization=org, period_start=start, period_end=end, kind="monthly"
+        ).exists():
+            continue
+        made.append(
+            report_request(organization=org, start=start, end=end, kind="monthly", requested_by="schedule")
+        )
+    return made
