@@ -23,7 +23,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# Debian's Chromium drives the dashboard's browser tests (installed once, here, when missing).
+/usr/bin/chromium:
+	apt-get install -y --no-install-recommends chromium || (apt-get update && apt-get install -y --no-install-recommends chromium)
+
 # The whole suite on SQLite, then again on PostgreSQL when DATABASE_URL is set.
-test: $(STAMP) lint
+test: $(STAMP) /usr/bin/chromium lint
 	env -u DATABASE_URL $(VENV)/bin/python -m pytest
 	if [ -n "$$DATABASE_URL" ]; then $(VENV)/bin/python -m pytest; fi

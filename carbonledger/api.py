@@ -12,18 +12,18 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from carbonledger import selectors
+from carbonledger.api_auth import organization_of, scopes_of
 
 
 class HasReadScope(permissions.BasePermission):
-    message = "this API key lacks the 'read' scope"
+    message = "this API key or account lacks the 'read' scope"
 
     def has_permission(self, request: Request, view: Any) -> bool:
-        key = getattr(request.user, "api_key", None)
-        return key is None or "read" in key.scope_set
+        return "read" in scopes_of(request.user)
 
 
 def _organization_id(request: Request) -> int:
-    org = getattr(request.user, "organization", None)
+    org = organization_of(request.user)
     if org is None:
         raise PermissionDenied("this account belongs to no organization")
     return int(org.pk)

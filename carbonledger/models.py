@@ -19,6 +19,23 @@ class Organization(models.Model):
         return self.slug
 
 
+class Membership(models.Model):
+    """A dashboard user's organization and role. One organization per user: every page and endpoint shows
+    only that organization's data."""
+
+    class Role(models.TextChoices):
+        VIEWER = "viewer", "viewer (read only)"
+        ANALYST = "analyst", "analyst (read, request reports)"
+        ADMIN = "admin", "admin (settings, keys, imports)"
+
+    user = models.OneToOneField("auth.User", on_delete=models.CASCADE, related_name="membership")
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.organization.slug} ({self.role})"
+
+
 class ApiKey(models.Model):
     """A bearer key. Only its SHA-256 is stored; the key itself is shown once, at creation.
 
@@ -394,7 +411,7 @@ class ContractualInstrument(models.Model):
 
 
 class HourlyRollup(models.Model):
-    """Energy, requests and CO2e of one organization, site, model, metering method and UTC hour.
+    """Energy, requests and CO2e of one organization, site, device, model, metering method and UTC hour.
 
     Built from the raw ledger (which stays the source of truth) and rebuildable from it. ``kind`` is
     ``request`` (request energy of ``model``) or ``idle`` (a device's idle energy; ``model`` is empty and the
@@ -405,6 +422,7 @@ class HourlyRollup(models.Model):
         Organization, null=True, on_delete=models.PROTECT, related_name="+", db_constraint=False
     )
     site = models.ForeignKey(Site, null=True, on_delete=models.PROTECT, related_name="+", db_constraint=False)
+    device_id = models.CharField(max_length=128, default="")
     model = models.CharField(max_length=128, blank=True)
     kind = models.CharField(max_length=8)
     method = models.CharField(max_length=32)

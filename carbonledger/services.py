@@ -163,3 +163,32 @@ def ledger_verify(*, full: bool = False) -> list[Any]:
             )
         )
     return results
+
+
+# -- dashboard users ----------------------------------------------------------------------------
+
+
+def user_create(*, organization: Organization, username: str, password: str, role: str = "viewer") -> Any:
+    """A dashboard user of one organization with a role (viewer, analyst, admin)."""
+    from django.contrib.auth.models import User
+    from django.contrib.auth.password_validation import validate_password
+    from django.core.exceptions import ValidationError
+
+    from carbonledger.models import Membership
+
+    if role not in Membership.Role.values:
+        raise ServiceError(f"role must be one of {', '.join(Membership.Role.values)}, got {role!r}")
+    if not username.strip():
+        raise ServiceError("a username is required")
+    if User.objects.filter(username=username).exists():
+        raise ServiceError(f"the username '{username}' is taken")
+    user = User(username=username)
+    try:
+        validate_password(password, user)
+    except ValidationError as exc:
+        raise ServiceError("; ".join(exc.messages)) from None
+    with transaction.atomic():
+        user.set_password(password)
+        user.save()
+        Membership.objects.create(user=user, organization=organization, role=role)
+    return user

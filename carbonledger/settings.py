@@ -97,6 +97,8 @@ if CELERY_BROKER_URL.split(":", 1)[0] not in {"filesystem", "redis", "rediss", "
 CELERY_BROKER_DIR = VAR_DIR / "celery" / "broker"
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", f"file://{VAR_DIR / 'celery' / 'results'}")
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+# The queue tasks go to and workers read (several deployments, or test runs, can share one broker).
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "celery")
 
 LOGGING = {
     "version": 1,
@@ -181,3 +183,5 @@ CELERY_TIMEZONE = "UTC"
 if INTENSITY_PROVIDERS:
     CELERY_BEAT_SCHEDULE["intensity-fetch"] = {"task": "carbonledger.intensity_fetch", "schedule": 3600.0}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celery" / "beat-schedule")
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/dashboard/"

@@ -1,13 +1,29 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from carbonledger import api, views
 from carbonledger.carbon import api as carbon_api
+from carbonledger.dashboard import views as dashboard
 from reports import api as reports_api
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("admin/", admin.site.urls),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(next_page="/accounts/login/"), name="logout"),
+    path("accounts/password_change/", auth_views.PasswordChangeView.as_view(), name="password_change"),
+    path(
+        "accounts/password_change/done/",
+        auth_views.PasswordChangeDoneView.as_view(),
+        name="password_change_done",
+    ),
+    path("dashboard/", dashboard.overview, name="dashboard"),
+    path("dashboard/models", dashboard.models_page, name="dashboard-models"),
+    path("dashboard/energy", dashboard.energy_page, name="dashboard-energy"),
+    path("dashboard/carbon", dashboard.carbon_page, name="dashboard-carbon"),
+    path("dashboard/reports", dashboard.reports_page, name="dashboard-reports"),
+    path("dashboard/settings", dashboard.settings_page, name="dashboard-settings"),
     path("api/v1/whoami", views.whoami, name="api-whoami"),
     path("api/v1/requests/<str:request_id>", api.ledger_request_detail, name="api-ledger-request"),
     path("api/v1/factor-imports", carbon_api.factor_imports, name="api-factor-imports"),

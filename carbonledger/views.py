@@ -20,11 +20,9 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @api_view(["GET"])
 def whoami(request: Request) -> Response:
-    org = request.user.organization if hasattr(request.user, "organization") else None
-    key = getattr(request.user, "api_key", None)
+    from carbonledger.api_auth import organization_of, scopes_of
+
+    org = organization_of(request.user)
     return Response(
-        {
-            "organization": org.slug if org is not None else None,
-            "scopes": sorted(key.scope_set) if key is not None else [],
-        }
+        {"organization": org.slug if org is not None else None, "scopes": sorted(scopes_of(request.user))}
     )

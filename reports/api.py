@@ -5,19 +5,29 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpResponse
-from rest_framework import serializers, status
+from rest_framework import permissions, serializers, status
 from rest_framework.decorators import api_view, parser_classes, permission_classes
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from carbonledger.api import _organization_id
-from carbonledger.carbon.api import _PERMS
+from carbonledger.api import HasReadScope, _organization_id
+from carbonledger.api_auth import organization_of, scopes_of
 from carbonledger.services import ServiceError
 from reports import selectors
 from reports.models import Report, ReportFile
 from reports.services import report_recalculate, report_request, report_retry
+
+
+class CanRequestReports(permissions.BasePermission):
+    message = "requesting reports needs an API key with the 'admin' scope or the analyst or admin role"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return request.method in permissions.SAFE_METHODS or "report" in scopes_of(request.user)
+
+
+_PERMS = [permissions.IsAuthenticated, HasReadScope, CanRequestReports]
 
 
 def report_json(report: Report) -> dict[str, Any]:
@@ -79,7 +89,7 @@ def reports(request: Request) -> Response:
     form.is_valid(raise_exception=True)
     try:
         report = report_request(
-            organization=request.user.organization,
+            organization=organization_of(request.user),
             start=form.validated_data["start"],
             end=form.validated_data["end"],
             accept_broken_chain=form.validated_data["accept_broken_chain"],

@@ -60,7 +60,7 @@ def trend_svg(trend: list[dict[str, Any]], width: int = 640, height: int = 220) 
         )
     top = max(max(Decimal(p["location_co2e_t"]), Decimal(p["market_co2e_t"])) for p in trend)
     scale_top = top if top > 0 else Decimal(1)
-    left, bottom, plot_h = 60, height - 30, height - 50
+    left, bottom, plot_h = 84, height - 30, height - 50
     slot = (width - left - 10) / len(trend)
     bar = max(slot * 0.35, 1.0)
     parts = [

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 
 from carbonledger import co2e
 from carbonledger.api import HasReadScope, _organization_id
+from carbonledger.api_auth import organization_of, scopes_of
 from carbonledger.carbon import services
 from carbonledger.carbon.selectors import ROLLUP_STEPS, carbon_summary, factor_attributions, rollup_series
 from carbonledger.models import (
@@ -34,13 +35,10 @@ MAX_UPLOAD_BYTES = 50 * 1024 * 1024
 
 
 class HasAdminScopeForWrites(permissions.BasePermission):
-    message = "this API key lacks the 'admin' scope needed to change settings"
+    message = "this API key or account lacks the 'admin' scope needed to change settings"
 
     def has_permission(self, request: Request, view: Any) -> bool:
-        if request.method in permissions.SAFE_METHODS:
-            return True
-        key = getattr(request.user, "api_key", None)
-        return key is None or "admin" in key.scope_set
+        return request.method in permissions.SAFE_METHODS or "admin" in scopes_of(request.user)
 
 
 _PERMS = [permissions.IsAuthenticated, HasReadScope, HasAdminScopeForWrites]
@@ -117,7 +115,7 @@ def factor_imports(request: Request) -> Response:
         record = services.factor_import_csv(
             data=upload.read(),
             name=upload.name or "upload.csv",
-            organization=request.user.organization,
+            organization=organization_of(request.user),
             created_by=_actor(request),
             source=form.validated_data.get("source") or None,
             licence=form.validated_data.get("licence") or None,
@@ -210,7 +208,7 @@ def residual_mixes(request: Request) -> Response:
     form = ResidualMixSerializer(data=request.data)
     form.is_valid(raise_exception=True)
     try:
-        mix = services.residual_mix_create(organization=request.user.organization, **form.validated_data)
+        mix = services.residual_mix_create(organization=organization_of(request.user), **form.validated_data)
     except ServiceError as exc:
         raise _bad(exc) from None
     return Response({"id": mix.pk, **form.data}, status=status.HTTP_201_CREATED)
@@ -277,7 +275,7 @@ def instruments(request: Request) -> Response:
     form.is_valid(raise_exception=True)
     try:
         record = services.instrument_create(
-            organization=request.user.organization, created_by=_actor(request), **form.validated_data
+            organization=organization_of(request.user), created_by=_actor(request), **form.validated_data
         )
     except ServiceError as exc:
         raise _bad(exc) from None
@@ -342,7 +340,7 @@ def sites(request: Request) -> Response:
     form = SiteSerializer(data=request.data)
     form.is_valid(raise_exception=True)
     try:
-        site = services.site_create(organization=request.user.organization, **form.validated_data)
+        site = services.site_create(organization=organization_of(request.user), **form.validated_data)
     except ServiceError as exc:
         raise _bad(exc) from None
     return Response(_site_json(site), status=status.HTTP_201_CREATED)

@@ -42,8 +42,8 @@ _CHUNK_SEQ = 20_000_000
 _STORE = Decimal("0.000000001")  # the rollup columns' precision (9 decimals of a gram)
 _LOCK_TABLE = "lock"
 
-# (organization_id, site_id, model, kind, method, measured, hour, synthetic)
-Key = tuple[int | None, int | None, str, str, str, bool, datetime, bool]
+# (organization_id, site_id, model, kind, method, measured, hour, synthetic, device_id)
+Key = tuple[int | None, int | None, str, str, str, bool, datetime, bool, str]
 
 
 @dataclass
@@ -98,13 +98,33 @@ class _Deltas:
 
     def request_key(self, org: int | None, device_id: str, model: str, hour: int, synthetic: bool) -> Key:
         d = self.devices.get(device_id)
-        key: Key = (org, d.site_id, model, "request", d.method, d.measured, _hour(hour), bool(synthetic))
+        key: Key = (
+            org,
+            d.site_id,
+            model,
+            "request",
+            d.method,
+            d.measured,
+            _hour(hour),
+            bool(synthetic),
+            device_id,
+        )
         self.uncertainty[key] = d.relative_uncertainty
         return key
 
     def idle_key(self, device_id: str, hour: int) -> Key:
         d = self.devices.get(device_id)
-        key: Key = (d.organization_id, d.site_id, "", "idle", d.method, d.measured, _hour(hour), d.synthetic)
+        key: Key = (
+            d.organization_id,
+            d.site_id,
+            "",
+            "idle",
+            d.method,
+            d.measured,
+            _hour(hour),
+            d.synthetic,
+            device_id,
+        )
         self.uncertainty[key] = d.relative_uncertainty
         return key
 
@@ -227,10 +247,11 @@ def _merge(deltas: _Deltas, run: RollupRun) -> list[HourlyRollup]:
     for key, (requests, units, energy) in deltas.sums.items():
         row = existing.get(key)
         if row is None:
-            org, site, model, kind, method, measured, hour, synthetic = key
+            org, site, model, kind, method, measured, hour, synthetic, device_id = key
             row = HourlyRollup(
                 organization_id=org,
                 site_id=site,
+                device_id=device_id,
                 model=model,
                 kind=kind,
                 method=method,
@@ -277,6 +298,7 @@ def _key_of(row: HourlyRollup) -> Key:
         row.measured,
         row.hour.astimezone(UTC),
         row.synthetic,
+        row.device_id,
     )
 
 

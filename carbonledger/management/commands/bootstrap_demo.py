@@ -1,19 +1,26 @@
 from __future__ import annotations
 
+import os
+import secrets
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from carbonledger.carbon.rollups import rollups_update
 from carbonledger.carbon.services import load_shipped_factors
 from carbonledger.ledger_writer import default_site
-from carbonledger.services import api_key_create, organization_get_or_create
+from carbonledger.models import LedgerRequest
+from carbonledger.services import api_key_create, organization_get_or_create, user_create
+from carbonledger.synthetic_ledger import generate_ledger
 
 
 class Command(BaseCommand):
     help = (
-        "Create the 'demo' organization, install the demo models, load the shipped emission factors and "
-        "print a new demo API key."
+        "Create the 'demo' organization, install the demo models, load the shipped emission factors and a "
+        "month of synthetic demo traffic (once), create the dashboard user 'demo' (once) and print a new "
+        "demo API key."
     )
 
     def handle(self, *args: Any, **opts: Any) -> None:
@@ -25,6 +32,16 @@ class Command(BaseCommand):
         if site.organization_id is None:  # the demo organization operates the local site
             site.organization = org
             site.save(update_fields=["organization"])
+        if not LedgerRequest.objects.filter(organization=org).exists():
+            result = generate_ledger(organization=org, requests=50_000, days=30, seed=42)
+            rollups_update()
+            self.stdout.write(
+                f"demo data: {result.requests} synthetic requests over 30 days (marked synthetic)"
+            )
         created = api_key_create(organization=org, scopes="infer,read,admin", name="demo")
         self.stdout.write(f"demo organization: {org.slug}")
+        if not User.objects.filter(username="demo").exists():
+            password = os.environ.get("CARBONLEDGER_PASSWORD") or secrets.token_urlsafe(12)
+            user_create(organization=org, username="demo", password=password, role="admin")
+            self.stdout.write(f"dashboard user: demo / {password} (admin; shown once) at /dashboard/")
         self.stdout.write(f"demo API key (scopes infer,read,admin; shown once): {created.raw_key}")

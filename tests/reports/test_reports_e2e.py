@@ -1,0 +1,124 @@
+"""End to end: the product's server and a real Celery worker on the local Redis; a report requested over
+the API, its progress polled, its three files downloaded."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pypdf
+import pytest
+import redis
+import requests
+
+from tests.support.gateway_process import (
+    REPO_ROOT,
+    GatewayProcess,
+    fresh_postgres_database,
+    gateway_env,
+    manage,
+    postgres_url_from_env,
+    prepare_gateway,
+)
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def database_url(tmp_path: Path) -> Iterator[str]:
+    """A fresh PostgreSQL database when the suite runs on PostgreSQL, else an SQLite file."""
+    admin = postgres_url_from_env()
+    if admin is None:
+        yield f"sqlite:///{tmp_path / 'e2e.sqlite3'}"
+    else:
+        with fresh_postgres_database(admin) as url:
+            yield url
+
+
+def test_a_report_requested_over_the_api_is_made_by_a_celery_worker_on_redis(
+    tmp_path: Path, database_url: str
+) -> None:
+    redis.Redis.from_url(REDIS_URL).ping()  # the local Redis must be up (.ci/run starts it)
+    queue = f"e2e-{uuid.uuid4().hex[:8]}"
+    env = gateway_env(
+        tmp_path,
+        database_url,
+        CELERY_BROKER_URL=REDIS_URL,
+        CELERY_RESULT_BACKEND=REDIS_URL,
+        CELERY_QUEUE=queue,
+        LEDGER_WRITER="thread",
+    )
+    key = prepare_gateway(env)
+    admin_key = (
+        manage(env, "create_api_key", "acme", "--scopes", "read,admin").stdout.strip().splitlines()[-1]
+    )
+    loaded = manage(env, "load_demo_ledger", "--org", "acme", "--requests", "3000", "--days", "3")
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert key
+    server = GatewayProcess(env, tmp_path / "server.log").start()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "carbonledger", "worker", "--pool=solo", "--loglevel=INFO"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=open(tmp_path / "worker.log", "wb"),  # noqa: SIM115 -- closed with the process
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{server.port}"
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    try:
+        today = time.strftime("%Y-%m-%d", time.gmtime())
+        start = time.strftime("%Y-%m-%d", time.gmtime(time.time() - 5 * 86400))
+        created = requests.post(
+            f"{base}/api/v1/reports", json={"start": start, "end": today}, headers=headers, timeout=10
+        )
+        assert created.status_code == 202, created.text
+        report_id = created.json()["id"]
+        seen_progress = set()
+        deadline = time.monotonic() + 120
+        detail: dict = {}
+        while time.monotonic() < deadline:
+            detail = requests.get(f"{base}/api/v1/reports/{report_id}", headers=headers, timeout=10).json()
+            seen_progress.add(detail["progress"])
+            if detail["status"] in ("done", "failed"):
+                break
+            time.sleep(0.2)
+        assert detail.get("status") == "done", (detail, (tmp_path / "worker.log").read_text()[-3000:])
+        assert 100 in seen_progress
+        files = {f["format"]: f for f in detail["files"]}
+        assert set(files) == {"pdf", "csv", "json"}
+        for fmt, meta in files.items():
+            got = requests.get(base + meta["url"], headers=headers, timeout=30)
+            assert got.status_code == 200
+            assert hashlib.sha256(got.content).hexdigest() == meta["sha256"]
+            if fmt == "pdf":
+                text = " ".join(p.extract_text() for p in pypdf.PdfReader(io.BytesIO(got.content)).pages)
+                assert "Greenhouse gas report" in text
+            if fmt == "json":
+                assert got.json()["results"]["requests"] > 0
+        # Another organization's key sees nothing of it.
+        manage(env, "create_organization", "other")
+        other = manage(env, "create_api_key", "other", "--scopes", "read").stdout.strip().splitlines()[-1]
+        peek = requests.get(
+            f"{base}/api/v1/reports/{report_id}/files/pdf",
+            headers={"Authorization": f"Bearer {other}"},
+            timeout=10,
+        )
+        assert peek.status_code == 404
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(5)
+        server.terminate()
+        redis.Redis.from_url(REDIS_URL).delete(queue)
