@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--db", choices=("sqlite", "postgres"), default="postgres")
     parser.add_argument("--requests", type=int, default=10_000_000)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--keep", action="store_true", help="keep the database (for bench/dashboard.py)")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="cl-report-"))
@@ -126,7 +127,10 @@ def main() -> None:
         )
     finally:
         connection.close()
-        drop_database(url)
+        if args.keep:
+            print(f"kept the database: {url}")
+        else:
+            drop_database(url)
 
 
 if __name__ == "__main__":

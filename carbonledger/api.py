@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from carbonledger import selectors
 from carbonledger.api_auth import organization_of, scopes_of
+from carbonledger.openapi import doc
 
 
 class HasReadScope(permissions.BasePermission):
@@ -33,6 +34,7 @@ def _iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat()
 
 
+@doc("One ledger request of your organization, with its energy")
 @api_view(["GET"])
 @permission_classes([permissions.IsAuthenticated, HasReadScope])
 def ledger_request_detail(request: Request, request_id: str) -> Response:

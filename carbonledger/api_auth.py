@@ -66,3 +66,17 @@ def scopes_of(user: Any) -> frozenset[str]:
         return scopes | {"report"} if "admin" in scopes else scopes
     membership = getattr(user, "membership", None) if getattr(user, "is_authenticated", False) else None
     return ROLE_SCOPES.get(membership.role, frozenset()) if membership is not None else frozenset()
+
+
+try:  # the OpenAPI schema names the bearer-key scheme (drf-spectacular finds extensions by import)
+    from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+    class ApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+        target_class = "carbonledger.api_auth.ApiKeyAuthentication"
+        name = "ApiKey"
+
+        def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+            return {"type": "http", "scheme": "bearer", "description": "an API key: cl_<prefix>_<secret>"}
+
+except ImportError:  # pragma: no cover - drf-spectacular is in requirements.txt
+    pass

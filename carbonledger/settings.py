@@ -26,6 +26,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "carbonledger",
     "reports",
 ]
@@ -73,6 +75,22 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "CarbonLedger management API",
+    "DESCRIPTION": (
+        "Organizations, API keys, sites, devices, models, the hash-chained ledger, hourly rollups, emission "
+        "factors and their imports, contractual instruments and GHG reports. Authenticate with "
+        "'Authorization: Bearer <API key>' (or a dashboard session). The inference API (KServe v2) is "
+        "under /v2 and documented by KServe."
+    ),
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",  # served from this server: no CDN
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 # -- inference gateway --------------------------------------------------------------------

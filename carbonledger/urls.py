@@ -1,10 +1,12 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from carbonledger import api, views
+from carbonledger import api, manage_api, views
 from carbonledger.carbon import api as carbon_api
 from carbonledger.dashboard import views as dashboard
+from carbonledger.static_files import static_file
 from reports import api as reports_api
 
 urlpatterns = [
@@ -24,8 +26,20 @@ urlpatterns = [
     path("dashboard/carbon", dashboard.carbon_page, name="dashboard-carbon"),
     path("dashboard/reports", dashboard.reports_page, name="dashboard-reports"),
     path("dashboard/settings", dashboard.settings_page, name="dashboard-settings"),
+    path("static/<path:path>", static_file, name="static"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/whoami", views.whoami, name="api-whoami"),
     path("api/v1/requests/<str:request_id>", api.ledger_request_detail, name="api-ledger-request"),
+    path("api/v1/organization", manage_api.organization, name="api-organization"),
+    path("api/v1/api-keys", manage_api.api_keys, name="api-keys"),
+    path("api/v1/api-keys/<str:prefix>/revoke", manage_api.api_key_revoke_view, name="api-key-revoke"),
+    path("api/v1/models", manage_api.models, name="api-models"),
+    path("api/v1/ledger/requests", manage_api.ledger_requests, name="api-ledger-requests"),
+    path("api/v1/ledger/requests.csv", manage_api.ledger_requests_csv, name="api-ledger-requests-csv"),
+    path("api/v1/ledger/batches", manage_api.ledger_batches, name="api-ledger-batches"),
+    path("api/v1/ledger/intervals", manage_api.ledger_intervals, name="api-ledger-intervals"),
+    path("api/v1/ledger/idle", manage_api.ledger_idle, name="api-ledger-idle"),
     path("api/v1/factor-imports", carbon_api.factor_imports, name="api-factor-imports"),
     path("api/v1/factor-imports/<int:pk>", carbon_api.factor_import_detail, name="api-factor-import"),
     path("api/v1/emission-factors", carbon_api.emission_factors, name="api-emission-factors"),

@@ -7,6 +7,8 @@ from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from carbonledger.openapi import doc
+
 
 def home(request: HttpRequest) -> HttpResponse:
     from carbonledger.carbon.selectors import factor_attributions
@@ -18,6 +20,7 @@ def home(request: HttpRequest) -> HttpResponse:
     )
 
 
+@doc("The organization and scopes of the caller")
 @api_view(["GET"])
 def whoami(request: Request) -> Response:
     from carbonledger.api_auth import organization_of, scopes_of

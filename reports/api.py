@@ -14,6 +14,7 @@ from rest_framework.response import Response
 
 from carbonledger.api import HasReadScope, _organization_id
 from carbonledger.api_auth import organization_of, scopes_of
+from carbonledger.openapi import doc
 from carbonledger.services import ServiceError
 from reports import selectors
 from reports.models import Report, ReportFile
@@ -78,6 +79,10 @@ def _mine(request: Request, pk: int) -> Report:
     return report
 
 
+@doc(
+    "Your reports; POST requests one (queued; asking twice while it runs returns the same)",
+    request=ReportRequestSerializer,
+)
 @api_view(["GET", "POST"])
 @permission_classes(_PERMS)
 @parser_classes([JSONParser])
@@ -100,12 +105,14 @@ def reports(request: Request) -> Response:
     return Response(report_json(report), status=status.HTTP_202_ACCEPTED)
 
 
+@doc("A report with its progress and files")
 @api_view(["GET"])
 @permission_classes(_PERMS)
 def report_detail(request: Request, pk: int) -> Response:
     return Response(report_json(_mine(request, pk)))
 
 
+@doc("Run a failed report again")
 @api_view(["POST"])
 @permission_classes(_PERMS)
 def report_retry_view(request: Request, pk: int) -> Response:
@@ -116,6 +123,7 @@ def report_retry_view(request: Request, pk: int) -> Response:
     return Response(report_json(report), status=status.HTTP_202_ACCEPTED)
 
 
+@doc("A new version of a finished report, with the reason", request=RecalculateSerializer)
 @api_view(["POST"])
 @permission_classes(_PERMS)
 @parser_classes([JSONParser])
@@ -131,6 +139,7 @@ def report_recalculate_view(request: Request, pk: int) -> Response:
     return Response(report_json(report), status=status.HTTP_202_ACCEPTED)
 
 
+@doc("Download one file of a report (pdf, csv or json)")
 @api_view(["GET"])
 @permission_classes(_PERMS)
 def report_file(request: Request, pk: int, fmt: str) -> HttpResponse:

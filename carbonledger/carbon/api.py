@@ -11,7 +11,7 @@ from typing import Any
 from django.db.models import Q
 from rest_framework import permissions, serializers, status
 from rest_framework.decorators import api_view, parser_classes, permission_classes
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import MethodNotAllowed, NotFound, ValidationError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -29,6 +29,7 @@ from carbonledger.models import (
     ResidualMix,
     Site,
 )
+from carbonledger.openapi import PERIOD, doc
 from carbonledger.services import ServiceError
 
 MAX_UPLOAD_BYTES = 50 * 1024 * 1024
@@ -98,6 +99,7 @@ class FactorUploadSerializer(serializers.Serializer[Any]):
     allow_new_zones = serializers.BooleanField(required=False, default=False)
 
 
+@doc("Factor imports (versions); POST uploads a CSV (all or nothing)", request=FactorUploadSerializer)
 @api_view(["GET", "POST"])
 @permission_classes(_PERMS)
 @parser_classes([MultiPartParser, FormParser])
@@ -135,6 +137,7 @@ def factor_imports(request: Request) -> Response:
     return Response(_import_json(record), status=status.HTTP_201_CREATED)
 
 
+@doc("One factor import with its result")
 @api_view(["GET"])
 @permission_classes(_PERMS)
 def factor_import_detail(request: Request, pk: int) -> Response:
@@ -147,6 +150,10 @@ def factor_import_detail(request: Request, pk: int) -> Response:
     return Response(_import_json(record))
 
 
+@doc(
+    "Emission factors visible to you, with their attribution",
+    query=(("zone", "str", "grid zone"), ("limit", "int", "at most this many, 0..5000")),
+)
 @api_view(["GET"])
 @permission_classes(_PERMS)
 def emission_factors(request: Request) -> Response:
@@ -195,6 +202,7 @@ class ResidualMixSerializer(serializers.Serializer[Any]):
     )
 
 
+@doc("Residual-mix factors; POST records one", request=ResidualMixSerializer)
 @api_view(["GET", "POST"])
 @permission_classes(_PERMS)
 @parser_classes([JSONParser])
@@ -263,6 +271,7 @@ def _instrument_json(record: ContractualInstrument) -> dict[str, Any]:
     }
 
 
+@doc("Contractual instruments; POST records one", request=InstrumentSerializer)
 @api_view(["GET", "POST"])
 @permission_classes(_PERMS)
 @parser_classes([JSONParser])
@@ -330,6 +339,7 @@ def _site_json(site: Site) -> dict[str, Any]:
     }
 
 
+@doc("Sites; POST creates one with its first PUE record", request=SiteSerializer)
 @api_view(["GET", "POST"])
 @permission_classes(_PERMS)
 @parser_classes([JSONParser])
@@ -346,6 +356,7 @@ def sites(request: Request) -> Response:
     return Response(_site_json(site), status=status.HTTP_201_CREATED)
 
 
+@doc("Append a PUE record to a site", request=PueSerializer)
 @api_view(["POST"])
 @permission_classes(_PERMS)
 @parser_classes([JSONParser])
@@ -387,6 +398,7 @@ def _device_json(device: Device) -> dict[str, Any]:
     }
 
 
+@doc("Devices in your sites; PATCH places one and declares embodied emissions", request=DeviceSerializer)
 @api_view(["GET", "PATCH"])
 @permission_classes(_PERMS)
 @parser_classes([JSONParser])
@@ -394,6 +406,8 @@ def devices(request: Request, device_id: str | None = None) -> Response:
     org_id = _organization_id(request)
     mine = Device.objects.filter(site__organization_id=org_id)
     if device_id is None:
+        if request.method != "GET":
+            raise MethodNotAllowed(str(request.method), "PATCH a single device: /api/v1/devices/<device_id>")
         return Response({"results": [_device_json(d) for d in mine]})
     device = mine.filter(device_id=device_id).first()
     if device is None:
@@ -418,6 +432,7 @@ def devices(request: Request, device_id: str | None = None) -> Response:
 # -- rollups and the carbon summary ----------------------------------------------------------------
 
 
+@doc("Time series from the hourly rollups", query=(*PERIOD, ("step", "str", "hour, day or month")))
 @api_view(["GET"])
 @permission_classes(_PERMS)
 def rollups(request: Request) -> Response:
@@ -457,6 +472,7 @@ def _total(total: co2e.Total) -> dict[str, Any]:
     }
 
 
+@doc("Scope 2 location- and market-based, SCI, factors used", query=PERIOD)
 @api_view(["GET"])
 @permission_classes(_PERMS)
 def carbon(request: Request) -> Response:

@@ -1,0 +1,211 @@
+"""Reads of the ledger for the API: one organization's requests, the batches that carried them, and the
+metering intervals and idle lines of the devices in its sites. Keyset pagination on (time, id)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db.models import Q, QuerySet, Sum
+
+from carbonledger.models import (
+    Device,
+    LedgerBatch,
+    LedgerIdle,
+    LedgerInterval,
+    LedgerRequest,
+    LedgerRequestEnergy,
+)
+
+
+@dataclass(frozen=True)
+class LedgerFilter:
+    organization_id: int
+    start_ns: int | None = None
+    end_ns: int | None = None
+    model: str | None = None
+    site_id: int | None = None
+    after: tuple[int, int] | None = None  # (time_ns, id) of the last row of the previous page
+    limit: int = 100
+
+
+def _iso(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat()
+
+
+def _org_devices(flt: LedgerFilter) -> list[str]:
+    qs = Device.objects.filter(site__organization_id=flt.organization_id)
+    if flt.site_id is not None:
+        qs = qs.filter(site_id=flt.site_id)
+    return list(qs.values_list("device_id", flat=True))
+
+
+def _window(qs: QuerySet[Any], field: str, flt: LedgerFilter) -> QuerySet[Any]:
+    if flt.start_ns is not None:
+        qs = qs.filter(**{f"{field}__gte": flt.start_ns})
+    if flt.end_ns is not None:
+        qs = qs.filter(**{f"{field}__lt": flt.end_ns})
+    if flt.after is not None:
+        at, pk = flt.after
+        qs = qs.filter(Q(**{f"{field}__gt": at}) | Q(**{field: at, "pk__gt": pk}))
+    return qs.order_by(field, "pk")
+
+
+def _requests(flt: LedgerFilter) -> QuerySet[Any]:
+    qs = LedgerRequest.objects.filter(organization_id=flt.organization_id)
+    if flt.model:
+        qs = qs.filter(model=flt.model)
+    if flt.site_id is not None:
+        qs = qs.filter(device_id__in=_org_devices(flt))
+    return _window(qs, "received_ns", flt)
+
+
+def ledger_page(kind: str, flt: LedgerFilter) -> tuple[list[dict[str, Any]], tuple[int, int] | None]:
+    """One page of ``kind`` (requests, batches, intervals, idle) and the key of its last row when more
+    may follow."""
+    if kind == "requests":
+        rows = list(_requests(flt)[: flt.limit])
+        energy = dict(
+            LedgerRequestEnergy.objects.filter(request_id__in=[r.request_id for r in rows])
+            .values("request_id")
+            .annotate(uj=Sum("energy_uj"))
+            .values_list("request_id", "uj")
+        )
+        out = [
+            {
+                "request_id": r.request_id,
+                "model": r.model,
+                "version": r.version,
+                "batch_id": r.batch_id,
+                "device_id": r.device_id,
+                "received_at": _iso(r.received_ns),
+                "queue_ms": r.queue_ns / 1e6,
+                "compute_ms": r.compute_ns / 1e6,
+                "work_units": r.work_units,
+                "status": r.status,
+                "synthetic": r.synthetic,
+                "energy_j": None if r.request_id not in energy else energy[r.request_id] / 1e6,
+                "chain_seq": r.seq,
+                "hash": r.hash,
+            }
+            for r in rows
+        ]
+        keys = [(r.received_ns, r.pk) for r in rows]
+    elif kind == "batches":
+        mine = LedgerRequest.objects.filter(organization_id=flt.organization_id).values("batch_id")
+        qs = LedgerBatch.objects.filter(batch_id__in=mine)
+        if flt.model:
+            qs = qs.filter(model=flt.model)
+        if flt.site_id is not None:
+            qs = qs.filter(device_id__in=_org_devices(flt))
+        rows = list(_window(qs, "start_ns", flt)[: flt.limit])
+        out = [
+            {
+                "batch_id": b.batch_id,
+                "model": b.model,
+                "version": b.version,
+                "device_id": b.device_id,
+                "started_at": _iso(b.start_ns),
+                "duration_ms": (b.end_ns - b.start_ns) / 1e6,
+                "requests": b.requests,
+                "status": b.status,
+            }
+            for b in rows
+        ]
+        keys = [(b.start_ns, b.pk) for b in rows]
+    elif kind in ("intervals", "idle"):
+        model = LedgerInterval if kind == "intervals" else LedgerIdle
+        qs = _window(model.objects.filter(device_id__in=_org_devices(flt)), "t0_ns", flt)
+        rows = list(qs[: flt.limit])
+        out = []
+        for r in rows:
+            item = {
+                "interval_id": r.interval_id,
+                "device_id": r.device_id,
+                "start": _iso(r.t0_ns),
+                "end": _iso(r.t1_ns),
+                "energy_j": r.energy_uj / 1e6,
+                "idle_s": r.idle_ns / 1e9,
+            }
+            if kind == "intervals":
+                item.update(
+                    method=r.method,
+                    counter_start_j=r.counter_start_j,
+                    counter_end_j=r.counter_end_j,
+                    idle_energy_j=r.idle_uj / 1e6,
+                    busy_s=r.busy_ns / 1e9,
+                )
+            else:
+                item["idle_power_w"] = r.idle_power_w
+            out.append(item)
+        keys = [(r.t0_ns, r.pk) for r in rows]
+    else:
+        raise ValueError(f"unknown ledger kind {kind!r}")
+    return out, (keys[-1] if len(rows) == flt.limit and keys else None)
+
+
+REQUEST_CSV_COLUMNS = (
+    "request_id",
+    "received_at",
+    "model",
+    "version",
+    "batch_id",
+    "device_id",
+    "queue_ms",
+    "compute_ms",
+    "work_units",
+    "status",
+    "synthetic",
+    "chain_seq",
+    "hash",
+)
+
+
+def requests_for_export(flt: LedgerFilter) -> Iterator[tuple[Any, ...]]:
+    qs = _requests(LedgerFilter(**{**flt.__dict__, "after": None})).values_list(
+        "request_id",
+        "received_ns",
+        "model",
+        "version",
+        "batch_id",
+        "device_id",
+        "queue_ns",
+        "compute_ns",
+        "work_units",
+        "status",
+        "synthetic",
+        "seq",
+        "hash",
+    )
+    for (
+        rid,
+        received,
+        model,
+        version,
+        batch,
+        device,
+        queue,
+        compute,
+        units,
+        st,
+        synth,
+        seq,
+        digest,
+    ) in qs.iterator(chunk_size=5000):
+        yield (
+            rid,
+            _iso(received),
+            model,
+            version,
+            batch,
+            device,
+            queue / 1e6,
+            compute / 1e6,
+            units,
+            st,
+            synth,
+            seq,
+            digest,
+        )
