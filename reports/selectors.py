@@ -6,7 +6,7 @@ from reports.models import Report, ReportFile
 
 
 def reports_of(organization_id: int, limit: int = 200) -> list[Report]:
-    return list(Report.objects.filter(organization_id=organization_id)[:limit])
+    return list(Report.objects.filter(organization_id=organization_id).defer("snapshot")[:limit])
 
 
 def report_of(organization_id: int, pk: int) -> Report | None:

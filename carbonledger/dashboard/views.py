@@ -11,6 +11,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.utils import timezone
@@ -22,7 +23,7 @@ from carbonledger.carbon.selectors import factor_attributions
 from carbonledger.dashboard import forms, selectors
 from carbonledger.models import ApiKey, Device, FactorImport, Membership, Site
 from carbonledger.services import ServiceError, api_key_create, api_key_revoke
-from reports.models import Report
+from reports.models import Report, ReportFile
 from reports.services import report_request
 
 View = Callable[..., HttpResponse]
@@ -159,7 +160,10 @@ def reports_page(request: HttpRequest) -> HttpResponse:
             else:
                 messages.success(request, f"Report {report.pk} requested.")
                 return HttpResponseRedirect("/dashboard/reports")
-    reports = Report.objects.filter(organization_id=_org_id(request)).prefetch_related("files")[:50]
+    files = Prefetch("files", queryset=ReportFile.objects.defer("content").order_by("format"))
+    reports = (
+        Report.objects.filter(organization_id=_org_id(request)).defer("snapshot").prefetch_related(files)[:50]
+    )
     return _page(request, "dashboard/reports.html", "reports", form=form, reports=reports)
 
 
