@@ -3,11 +3,14 @@ schema, authenticated, that must find no server error on any operation."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
 import schemathesis
+from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 from schemathesis.checks import not_a_server_error
@@ -22,7 +25,19 @@ schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_app
 
 
 @pytest.fixture
-def auth(db: None) -> dict[str, str]:
+def keep_test_connection() -> Iterator[None]:
+    """The raw WSGI handler closes "old" connections around each request, and inside the test's transaction
+    that closes the PostgreSQL connection (SQLite's in-memory one survives). Django's test client unhooks the
+    same two receivers for the same reason."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def auth(db: None, keep_test_connection: None) -> dict[str, str]:
     load_shipped_factors()
     org = OrganizationFactory()
     generate_ledger(organization=org, requests=300, days=2, end=datetime(2025, 3, 1, tzinfo=UTC))
