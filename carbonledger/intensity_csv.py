@@ -215,6 +215,13 @@ def parse_intensity_csv(
     """
     if default_basis not in _BASES:
         raise ValueError(f"default_basis must be 'direct' or 'lifecycle', not {default_basis!r}")
+    given = [
+        problem
+        for name, value in (("licence", licence), ("url", url))
+        if value and (problem := _text_problem(name, value.strip()))
+    ]
+    if given:
+        raise IntensityImportError([RowError(0, problem) for problem in given])
     checker = _Checker(known_zones, max_g_per_kwh)
     errors = checker.errors
     rows: list[IntensityRow] = []
@@ -270,6 +277,12 @@ def parse_intensity_csv(
             )
             continue
         for row in build(cells, line):
+            problems = [
+                problem for name in TEXT_LIMITS if (problem := _text_problem(name, getattr(row, name)))
+            ]
+            if problems:
+                errors.extend(RowError(line, problem) for problem in problems)
+                continue
             key = (row.zone, row.basis, row.period_start, row.period_end)
             first = seen.setdefault(key, line)
             if first != line:
@@ -333,6 +346,18 @@ def parse_intensity_bytes(
 # A builder turns the cells of one data row into its factors (none when the row has a problem, which
 # it records in the checker's error list).
 _Builder = Callable[[list[str], int], tuple[IntensityRow, ...]]
+
+
+# The longest text each stored field takes (the factor table's columns): longer is refused by name.
+TEXT_LIMITS = {"zone": 32, "zone_name": 200, "gases": 64, "licence": 200, "url": 500, "published": 32}
+
+
+def _text_problem(name: str, value: str) -> str:
+    if len(value) > TEXT_LIMITS[name]:
+        return f"{name} is {len(value)} characters long; at most {TEXT_LIMITS[name]} are kept"
+    if name == "url" and value and not value.lower().startswith(("https://", "http://")):
+        return f"url {_show(value)} is not an http(s) address"
+    return ""
 
 
 def _show(value: str, limit: int = _SHOWN_CHARS) -> str:

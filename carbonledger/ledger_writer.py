@@ -71,14 +71,19 @@ def bulk_insert(kind: RecordKind, rows: list[tuple[Any, ...]]) -> None:
 
 
 def default_site() -> Site:
-    site, _ = Site.objects.get_or_create(
-        name=settings.SITE_NAME,
-        defaults={
-            "zone": settings.SITE_ZONE,
-            "pue": settings.SITE_PUE,
-            "electricity": settings.SITE_ELECTRICITY,
-        },
-    )
+    """The site new devices are placed in: the oldest named ``SITE_NAME`` (an operator may have been given
+    it since), created unowned when there is none. Organizations cannot take that name (site_create)."""
+    site = Site.objects.filter(name=settings.SITE_NAME).order_by("pk").first()
+    if site is None:
+        site, _ = Site.objects.get_or_create(
+            name=settings.SITE_NAME,
+            organization=None,
+            defaults={
+                "zone": settings.SITE_ZONE,
+                "pue": settings.SITE_PUE,
+                "electricity": settings.SITE_ELECTRICITY,
+            },
+        )
     return site
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import csv
 import io
+import re
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -133,10 +134,12 @@ def _ns(request: Request, name: str) -> int | None:
         return None
     try:
         value = datetime.fromisoformat(raw)
-    except ValueError:
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except (ValueError, OverflowError):
         raise ValidationError({name: f"not an ISO 8601 date or date-time: {raw!r}"}) from None
-    value = value.replace(tzinfo=UTC) if value.tzinfo is None else value
-    return int(value.timestamp() * 1e9)
+    if not 1970 <= value.year <= 2100:  # nanoseconds since 1970 in a 64-bit column
+        raise ValidationError({name: f"{raw!r} is outside the years 1970-2100 the ledger can hold"})
+    return int(value.timestamp()) * 1_000_000_000 + value.microsecond * 1000
 
 
 def _cursor(raw: str | None) -> tuple[int, int] | None:
@@ -144,9 +147,12 @@ def _cursor(raw: str | None) -> tuple[int, int] | None:
         return None
     try:
         at, pk = orjson.loads(base64.urlsafe_b64decode(raw.encode()))
-        return int(at), int(pk)
     except (ValueError, TypeError, orjson.JSONDecodeError):
-        raise ValidationError({"cursor": "not a cursor this API gave out"}) from None
+        at = pk = None
+    # Only integers in a 64-bit column's range: anything else would reach the database as an error.
+    if not all(type(v) is int and -(2**63) <= v < 2**63 for v in (at, pk)):
+        raise ValidationError({"cursor": "not a cursor this API gave out"})
+    return at, pk
 
 
 def _encode(at: int, pk: int) -> str:
@@ -155,7 +161,8 @@ def _encode(at: int, pk: int) -> str:
 
 def _filters(request: Request) -> ledger_selectors.LedgerFilter:
     site = request.query_params.get("site")
-    if site is not None and not site.isdigit():
+    # ASCII digits only and within a 64-bit id: str.isdigit() also takes "²" and numbers past the column.
+    if site is not None and not re.fullmatch(r"[0-9]{1,18}", site):
         raise ValidationError({"site": "must be a site id"})
     try:
         limit = int(request.query_params.get("limit", "100"))

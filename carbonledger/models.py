@@ -84,7 +84,7 @@ class Site(models.Model):
     organization = models.ForeignKey(
         Organization, null=True, blank=True, on_delete=models.PROTECT, related_name="sites"
     )
-    name = models.SlugField(max_length=64, unique=True)
+    name = models.SlugField(max_length=64)
     zone = models.CharField(max_length=32, help_text="grid zone, e.g. FR or US-CA")
     pue = models.DecimalField(max_digits=5, decimal_places=3, default=1)
     pue_source = models.CharField(
@@ -95,6 +95,15 @@ class Site(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    class Meta:
+        # Unique per operator, so that no organization learns another's site names by a refusal.
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "name"], name="site_organization_name"),
+            models.UniqueConstraint(
+                fields=["name"], condition=models.Q(organization__isnull=True), name="site_unowned_name"
+            ),
+        ]
 
     @property
     def scope_category(self) -> str:
@@ -450,6 +459,22 @@ class HourlyRollup(models.Model):
         indexes = [
             models.Index(fields=["organization", "hour"], name="rollup_org_hour"),
             models.Index(fields=["site", "hour"], name="rollup_site_hour"),
+        ]
+
+
+class ChainOrganization(models.Model):
+    """Which organizations have records in which hash chain (requests they sent, idle lines of sites they
+    operate), kept by the rollups as they read the ledger: a report lists and vouches for those chains only."""
+
+    chain = models.ForeignKey(LedgerChain, on_delete=models.PROTECT, related_name="+")
+    # No database constraint, like the ledger's own organization column: the rollups must never fail on it.
+    organization = models.ForeignKey(
+        Organization, on_delete=models.PROTECT, related_name="+", db_constraint=False
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "chain"], name="chain_organization_unique")
         ]
 
 

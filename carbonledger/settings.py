@@ -34,6 +34,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "carbonledger.middleware.RejectNulCharacters",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -197,6 +198,12 @@ if REPORTS_MONTHLY:
         "task": "reports.monthly",
         "schedule": crontab(minute=0, hour=2, day_of_month=1),
     }
+# A report still running this long after it started lost its worker: it is queued again (at most
+# REPORT_MAX_ATTEMPTS runs, then failed with that reason); one queued this long is sent to the broker again.
+REPORT_RUNNING_STALE_S = env_float("REPORT_RUNNING_STALE_S", 1800.0, minimum=60.0)
+REPORT_QUEUED_STALE_S = env_float("REPORT_QUEUED_STALE_S", 600.0, minimum=30.0)
+REPORT_MAX_ATTEMPTS = env_int("REPORT_MAX_ATTEMPTS", 3, minimum=1)
+CELERY_BEAT_SCHEDULE["reports-recover"] = {"task": "reports.recover", "schedule": 300.0}
 CELERY_TIMEZONE = "UTC"
 if INTENSITY_PROVIDERS:
     CELERY_BEAT_SCHEDULE["intensity-fetch"] = {"task": "carbonledger.intensity_fetch", "schedule": 3600.0}

@@ -77,7 +77,7 @@ class SyntheticResult:
 
 
 def _place(org: Organization, device: _Device) -> None:
-    site = Site.objects.filter(name=device.site).first()
+    site = Site.objects.filter(name=device.site, organization=org).first()
     if site is None:
         cloud = device.site.endswith("cloud-us")
         try:

@@ -22,11 +22,26 @@ def rollups_update() -> dict[str, object]:
 
 
 @shared_task(name="carbonledger.recompute_carbon")
-def recompute_carbon(organization_id: int | None) -> int:
-    """Recompute rollup CO2e after factors, PUE or instruments changed (idempotent)."""
+def recompute_carbon(
+    organization_id: int | None,
+    site_id: int | None = None,
+    zone: str | None = None,
+    start: str | None = None,
+    end: str | None = None,
+) -> int:
+    """Recompute rollup CO2e after factors, PUE or instruments changed (idempotent); ``start``/``end`` are
+    ISO 8601 hours that narrow it."""
+    from datetime import datetime
+
     from carbonledger.carbon.rollups import recompute_carbon as recompute
 
-    return recompute(organization_id)
+    return recompute(
+        organization_id,
+        site_id=site_id,
+        zone=zone,
+        start=datetime.fromisoformat(start) if start else None,
+        end=datetime.fromisoformat(end) if end else None,
+    )
 
 
 @shared_task(name="carbonledger.intensity_fetch")

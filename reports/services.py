@@ -6,8 +6,9 @@ import hashlib
 import logging
 from datetime import UTC, date, datetime, timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from carbonledger.models import HourlyRollup, Organization
@@ -26,7 +27,14 @@ def _queue(report: Report) -> None:
     from reports.tasks import generate_report
 
     report_id = report.pk
-    transaction.on_commit(lambda: generate_report.delay(report_id))
+
+    def send() -> None:
+        try:
+            generate_report.delay(report_id)
+        except Exception:  # the broker is down: the report stays queued and reports_recover re-sends it
+            log.exception("report %s could not be sent to the broker; it will be sent again", report_id)
+
+    transaction.on_commit(send)
 
 
 def report_request(
@@ -39,9 +47,11 @@ def report_request(
     kind: str = "on_demand",
     replaces: Report | None = None,
     replacement_reason: str = "",
+    queue: bool = True,
 ) -> Report:
     """Ask for a report of [start, end). While one for the same organization and period is queued or
-    running, that one is returned instead of starting a second run."""
+    running, that one is returned instead of starting a second run. ``queue=False`` leaves it queued
+    without sending it to the broker (the caller runs :func:`report_generate` itself)."""
     if start >= end:
         raise ServiceError(f"the period start {start} must be before its end {end}")
     if start > timezone.now().date():
@@ -50,27 +60,29 @@ def report_request(
         raise ServiceError("a report covers at most ten years")
     active = Report.objects.filter(
         organization=organization, period_start=start, period_end=end, status__in=ACTIVE
-    ).first()
-    if active is not None:
-        return active
-    try:
-        with transaction.atomic():
-            report = Report.objects.create(
-                organization=organization,
-                period_start=start,
-                period_end=end,
-                requested_by=requested_by,
-                accept_broken_chain=accept_broken_chain,
-                kind=kind,
-                replaces=replaces,
-                replacement_reason=replacement_reason,
-            )
-            _queue(report)
-    except IntegrityError:  # another request won the race for this period
-        return Report.objects.get(
-            organization=organization, period_start=start, period_end=end, status__in=ACTIVE
-        )
-    return report
+    )
+    for _ in range(3):
+        running = active.first()
+        if running is not None:
+            return running
+        try:
+            with transaction.atomic():
+                report = Report.objects.create(
+                    organization=organization,
+                    period_start=start,
+                    period_end=end,
+                    requested_by=requested_by,
+                    accept_broken_chain=accept_broken_chain,
+                    kind=kind,
+                    replaces=replaces,
+                    replacement_reason=replacement_reason,
+                )
+                if queue:
+                    _queue(report)
+            return report
+        except IntegrityError:
+            continue  # another request won the race for this period (and may even be done by now)
+    raise ServiceError("reports for this period are being requested concurrently; try again")
 
 
 def report_recalculate(*, report: Report, reason: str, requested_by: str = "") -> Report:
@@ -80,6 +92,17 @@ def report_recalculate(*, report: Report, reason: str, requested_by: str = "") -
     if report.status != Report.Status.DONE:
         raise ServiceError(
             f"report {report.pk} is {report.status}; only a finished report can be recalculated"
+        )
+    busy = Report.objects.filter(
+        organization=report.organization,
+        period_start=report.period_start,
+        period_end=report.period_end,
+        status__in=ACTIVE,
+    ).first()
+    if busy is not None:
+        # Returning that run would drop the reason and the link to the report it replaces.
+        raise ServiceError(
+            f"report {busy.pk} for the same period is {busy.status}; recalculate once it has finished"
         )
     return report_request(
         organization=report.organization,
@@ -175,6 +198,44 @@ def _fail(report: Report, reason: str) -> Report:
     )
     report.refresh_from_db()
     return report
+
+
+def reports_recover(*, now: datetime | None = None) -> list[int]:
+    """Reports a lost worker left running are queued again (or failed after ``REPORT_MAX_ATTEMPTS`` runs);
+    queued reports whose broker message was lost are sent again. Safe to run any time: generation claims a
+    report only while it is queued. Returns the ids queued again or re-sent."""
+    from reports.tasks import generate_report
+
+    at = now or timezone.now()
+    running_before = at - timedelta(seconds=settings.REPORT_RUNNING_STALE_S)
+    queued_before = at - timedelta(seconds=settings.REPORT_QUEUED_STALE_S)
+    sent: list[int] = []
+    for report in Report.objects.filter(status=Report.Status.RUNNING, started_at__lt=running_before):
+        if report.attempts >= settings.REPORT_MAX_ATTEMPTS:
+            Report.objects.filter(pk=report.pk, status=Report.Status.RUNNING).update(
+                status=Report.Status.FAILED,
+                failure_reason=f"abandoned: no worker finished it in {report.attempts} attempts "
+                f"of {settings.REPORT_RUNNING_STALE_S:.0f} s each",
+                progress_message="failed",
+                finished_at=at,
+            )
+            continue
+        if Report.objects.filter(
+            pk=report.pk, status=Report.Status.RUNNING, started_at=report.started_at
+        ).update(
+            status=Report.Status.QUEUED, progress=0, progress_message="queued again: its worker was lost"
+        ):
+            sent.append(report.pk)
+    stale_queued = Report.objects.filter(status=Report.Status.QUEUED).filter(
+        Q(started_at__isnull=True, created_at__lt=queued_before) | Q(started_at__lt=queued_before)
+    )
+    sent.extend(pk for pk in stale_queued.values_list("pk", flat=True) if pk not in sent)
+    for pk in sent:
+        try:
+            generate_report.delay(pk)
+        except Exception:
+            log.exception("report %s could not be sent to the broker; it will be sent again", pk)
+    return sorted(sent)
 
 
 def reports_monthly(*, today: date | None = None) -> list[Report]:

@@ -22,8 +22,8 @@ import orjson
 from carbonledger import co2e
 from carbonledger.carbon.selectors import CarbonSummary, carbon_summary, factor_attributions, rollup_series
 from carbonledger.models import (
+    ChainOrganization,
     ContractualInstrument,
-    Device,
     FactorImport,
     LedgerChain,
     LedgerVerification,
@@ -122,7 +122,10 @@ def _ledger(report: Report, progress: ReportProgress) -> dict[str, Any]:
     progress(15, "verifying the ledger's hash chains")
     ledger_verify()
     chains = []
-    for chain in LedgerChain.objects.order_by("chain_id"):
+    # Only the chains holding the organization's records: another organization's chains (their ids, heads,
+    # and whether they are intact) are none of this report's business.
+    own = ChainOrganization.objects.filter(organization=report.organization).values("chain_id")
+    for chain in LedgerChain.objects.filter(pk__in=own).order_by("chain_id"):
         latest = LedgerVerification.objects.filter(chain=chain).order_by("-finished_at", "-id").first()
         last_full = (
             LedgerVerification.objects.filter(chain=chain, from_seq=0).order_by("-finished_at", "-id").first()
@@ -311,7 +314,7 @@ def build_snapshot(report: Report, progress: ReportProgress) -> dict[str, Any]:
                 "electricity": site.electricity,
                 "scope": "Scope 3, category 1" if site.scope_category == "scope3_cat1" else "Scope 2",
                 "iso_category": co2e.ISO_14064_CATEGORY[site.scope_category],
-                "devices": sorted(Device.objects.filter(site=site).values_list("device_id", flat=True)),
+                "devices": sorted({r.device_id for r in summary.rows.values() if r.site_id == site.pk}),
             }
         )
     trend_start = _month_start(report.period_end - timedelta(days=1))

@@ -18,3 +18,11 @@ def monthly_reports() -> list[int]:
     from reports.services import reports_monthly
 
     return [report.pk for report in reports_monthly()]
+
+
+@shared_task(name="reports.recover")
+def recover_reports() -> list[int]:
+    """Every five minutes: reports whose worker was lost are queued again, lost queue messages re-sent."""
+    from reports.services import reports_recover
+
+    return reports_recover()

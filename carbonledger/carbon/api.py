@@ -11,7 +11,7 @@ from typing import Any
 from django.db.models import Q
 from rest_framework import permissions, serializers, status
 from rest_framework.decorators import api_view, parser_classes, permission_classes
-from rest_framework.exceptions import MethodNotAllowed, NotFound, ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -33,6 +33,7 @@ from carbonledger.openapi import PERIOD, doc
 from carbonledger.services import ServiceError
 
 MAX_UPLOAD_BYTES = 50 * 1024 * 1024
+PERIOD_MIN_YEAR, PERIOD_MAX_YEAR = 1970, 2100
 
 
 class HasAdminScopeForWrites(permissions.BasePermission):
@@ -60,9 +61,19 @@ def _period(request: Request, default_days: int = 30) -> tuple[datetime, datetim
             return None
         try:
             value = datetime.fromisoformat(raw)
-        except ValueError:
+            value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        except (ValueError, OverflowError):
             raise ValidationError({name: f"not an ISO 8601 date or date-time: {raw!r}"}) from None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        if not PERIOD_MIN_YEAR <= value.year <= PERIOD_MAX_YEAR:
+            raise ValidationError(
+                {
+                    name: f"{raw!r} is outside the years {PERIOD_MIN_YEAR}-{PERIOD_MAX_YEAR} the ledger can hold"
+                }
+            )
+        # The rollups are hourly: a period cut inside an hour would silently count the whole hour or none.
+        if (value.minute, value.second, value.microsecond) != (0, 0, 0):
+            raise ValidationError({name: f"{raw!r} is not on a whole UTC hour (the rollups are hourly)"})
+        return value
 
     end = parse("end") or datetime.now(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
     start = parse("start") or end - timedelta(days=default_days)
@@ -398,17 +409,21 @@ def _device_json(device: Device) -> dict[str, Any]:
     }
 
 
-@doc("Devices in your sites; PATCH places one and declares embodied emissions", request=DeviceSerializer)
+@doc("Devices in your sites")
+@api_view(["GET"])
+@permission_classes(_PERMS)
+def devices(request: Request) -> Response:
+    mine = Device.objects.filter(site__organization_id=_organization_id(request)).order_by("device_id")
+    return Response({"results": [_device_json(d) for d in mine]})
+
+
+@doc("One device of your sites; PATCH places it and declares embodied emissions", request=DeviceSerializer)
 @api_view(["GET", "PATCH"])
 @permission_classes(_PERMS)
 @parser_classes([JSONParser])
-def devices(request: Request, device_id: str | None = None) -> Response:
+def device_detail(request: Request, device_id: str) -> Response:
     org_id = _organization_id(request)
     mine = Device.objects.filter(site__organization_id=org_id)
-    if device_id is None:
-        if request.method != "GET":
-            raise MethodNotAllowed(str(request.method), "PATCH a single device: /api/v1/devices/<device_id>")
-        return Response({"results": [_device_json(d) for d in mine]})
     device = mine.filter(device_id=device_id).first()
     if device is None:
         raise NotFound(f"no device '{device_id}' in your organization's sites")
@@ -478,7 +493,12 @@ def _total(total: co2e.Total) -> dict[str, Any]:
 def carbon(request: Request) -> Response:
     """Scope 2 location- and market-based side by side, SCI, and the factors used with attribution."""
     start, end = _period(request)
-    summary = carbon_summary(_organization_id(request), start, end)
+    try:
+        summary = carbon_summary(_organization_id(request), start, end)
+    except (co2e.NoFactor, co2e.AmbiguousFactor, ValueError, ArithmeticError) as exc:
+        # The inputs on file cannot value the period (a zone without a factor, two versions that tie...):
+        # the client's request is fine, the organization's data must change first.
+        return Response({"error": f"the emissions of this period cannot be computed: {exc}"}, status=409)
     return Response(
         {
             "start": start.isoformat(),

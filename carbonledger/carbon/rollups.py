@@ -28,9 +28,15 @@ from typing import Any
 from django.db import connection, transaction
 
 from carbonledger import co2e
-from carbonledger.carbon.selectors import PueHistory, factor_set, instruments_of, residual_mixes_of
+from carbonledger.carbon.selectors import (
+    MARKET_ERROR_PREFIX,
+    PueHistory,
+    factor_set,
+    instruments_of,
+    residual_mixes_of,
+)
 from carbonledger.carbon.services import site_ensure_pue_record
-from carbonledger.models import Device, HourlyRollup, LedgerChain, RollupCursor, Site
+from carbonledger.models import ChainOrganization, Device, HourlyRollup, LedgerChain, RollupCursor, Site
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +101,14 @@ class _Deltas:
         self.devices = devices
         self.sums: dict[Key, list[int]] = defaultdict(lambda: [0, 0, 0])  # requests, work units, µJ
         self.uncertainty: dict[Key, Decimal] = {}
+        self.chain_organizations: set[tuple[int, int]] = set()  # (chain pk, organization id) seen
+        self.chain_pk = 0  # the chain being read
+
+    def _key(self, key: Key, device: _DeviceFacts) -> Key:
+        self.uncertainty[key] = device.relative_uncertainty
+        if key[0] is not None:
+            self.chain_organizations.add((self.chain_pk, key[0]))
+        return key
 
     def request_key(self, org: int | None, device_id: str, model: str, hour: int, synthetic: bool) -> Key:
         d = self.devices.get(device_id)
@@ -109,8 +123,7 @@ class _Deltas:
             bool(synthetic),
             device_id,
         )
-        self.uncertainty[key] = d.relative_uncertainty
-        return key
+        return self._key(key, d)
 
     def idle_key(self, device_id: str, hour: int) -> Key:
         d = self.devices.get(device_id)
@@ -125,8 +138,7 @@ class _Deltas:
             d.synthetic,
             device_id,
         )
-        self.uncertainty[key] = d.relative_uncertainty
-        return key
+        return self._key(key, d)
 
 
 def _fetch(sql: str, params: Iterable[Any]) -> list[tuple[Any, ...]]:
@@ -170,6 +182,8 @@ _TABLES = ("ledger_request", "ledger_request_energy", "ledger_idle", "ledger_adj
 
 
 def _read(deltas: _Deltas, table: str, chain_pk: int, after: int, upto: int) -> None:
+    deltas.chain_pk = chain_pk
+
     def rows(name: str) -> list[tuple[Any, ...]]:
         return _fetch(_SQL[name], (HOUR_NS, chain_pk, after, upto))
 
@@ -227,6 +241,10 @@ def rollups_update(*, max_records: int | None = None) -> RollupRun:
                     moved.append(cursor)
         for cursor in moved:
             cursor.save()
+        ChainOrganization.objects.bulk_create(
+            [ChainOrganization(chain_id=c, organization_id=o) for c, o in sorted(deltas.chain_organizations)],
+            ignore_conflicts=True,
+        )
         touched = _merge(deltas, run)
         _carbon(touched)
         _market(touched)
@@ -405,6 +423,8 @@ def market_recompute(organization_id: int | None, first_hour: datetime | None = 
     by_tag: dict[str, HourlyRollup] = {}
     for row in rows:
         row.market_co2e_g = None
+        if row.carbon_error.startswith(MARKET_ERROR_PREFIX):
+            row.carbon_error = ""  # computed afresh below: an error of an earlier run must not stick
         site = sites.get(row.site_id) if row.site_id is not None else None
         record = pue.at(site.pk, row.hour) if site is not None else None
         if site is None or record is None or row.carbon_error:
@@ -419,7 +439,7 @@ def market_recompute(organization_id: int | None, first_hour: datetime | None = 
             )
         except (co2e.NoFactor, co2e.AmbiguousFactor, ValueError) as exc:
             for row in by_tag.values():
-                row.carbon_error = f"market-based: {exc}"
+                row.carbon_error = f"{MARKET_ERROR_PREFIX}{exc}"
         else:
             sums: dict[str, Decimal] = defaultdict(Decimal)
             for line in result.lines:
@@ -429,18 +449,41 @@ def market_recompute(organization_id: int | None, first_hour: datetime | None = 
     _save_columns(rows, ["market_co2e_g", "carbon_error"])
 
 
-def recompute_carbon(organization_id: int | None = None) -> int:
-    """Recompute the CO2e of the rollups (of one organization, or all) after factors, PUE or instruments
-    changed. Energy sums are untouched. Returns the rows recomputed."""
+def recompute_carbon(
+    organization_id: int | None = None,
+    *,
+    site_id: int | None = None,
+    zone: str | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> int:
+    """Recompute the CO2e of the rollups after factors, PUE or instruments changed: of one organization, or
+    all; narrowed to one site, one zone's sites, or the hours [start, end) when only those can change.
+    Energy sums are untouched. The market-based figures of every organization touched are recomputed from
+    the first touched hour on (instruments are used up in order). Returns the rows recomputed."""
     with transaction.atomic():
         _lock()
         qs = HourlyRollup.objects.all()
         if organization_id is not None:
             qs = qs.filter(organization_id=organization_id)
+        if site_id is not None:
+            qs = qs.filter(site_id=site_id)
+        if zone is not None:
+            qs = qs.filter(site__zone=zone)
+        if start is not None:
+            qs = qs.filter(hour__gte=start)
+        if end is not None:
+            qs = qs.filter(hour__lt=end)
         rows = list(qs)
         _carbon(rows)
-        for org in {r.organization_id for r in rows}:
-            market_recompute(org)
+        narrowed = site_id is not None or zone is not None or start is not None
+        firsts: dict[int | None, datetime] = {}
+        for row in rows:
+            hour = row.hour.astimezone(UTC)
+            if row.organization_id not in firsts or hour < firsts[row.organization_id]:
+                firsts[row.organization_id] = hour
+        for org, first in firsts.items():
+            market_recompute(org, first if narrowed else None)
     return len(rows)
 
 

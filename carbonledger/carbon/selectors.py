@@ -243,6 +243,9 @@ class CarbonSummary:
     sites: dict[int, Any]
 
 
+MARKET_ERROR_PREFIX = "market-based: "
+
+
 def carbon_summary(organization_id: int, start: datetime, end: datetime) -> CarbonSummary:
     from carbonledger.models import Device, Site
 
@@ -265,20 +268,27 @@ def carbon_summary(organization_id: int, start: datetime, end: datetime) -> Carb
         if counted_from < start
         else []
     )
-    for row in earlier:
-        if row.site_id and row.site_id not in sites:
-            sites[row.site_id] = Site.objects.get(pk=row.site_id)
-    if earlier:
-        pue = PueHistory(sites)
-    factors = factor_set({s.zone for s in sites.values()}, organization_id, counted_from, end)
+    # Earlier rows only use up instruments before the period (market-based); the period's sites, PUE records
+    # and factors listed in the summary are those of the period's own rows.
+    all_sites = dict(sites)
+    missing = {r.site_id for r in earlier if r.site_id and r.site_id not in all_sites}
+    if missing:
+        all_sites.update({s.pk: s for s in Site.objects.filter(pk__in=missing)})
+        pue = PueHistory(all_sites)
+    factors = factor_set({s.zone for s in all_sites.values()}, organization_id, counted_from, end)
 
-    def consumptions(selected: list[HourlyRollup]) -> tuple[list[co2e.Consumption], list[dict[str, Any]]]:
+    def consumptions(
+        selected: list[HourlyRollup], used_pue: dict[int, PueRecord] | None
+    ) -> tuple[list[co2e.Consumption], list[dict[str, Any]]]:
         out: list[co2e.Consumption] = []
         skipped: list[dict[str, Any]] = []
         for row in selected:
-            site = sites.get(row.site_id) if row.site_id is not None else None
+            site = all_sites.get(row.site_id) if row.site_id is not None else None
             record = pue.at(site.pk, row.hour) if site is not None else None
-            if site is None or record is None or row.energy_uj < 0:
+            # A location-based failure stored on the row (no factor for the zone and hour, two versions that
+            # tie...) would fail here too: the row is listed as not valued, with its reason, instead.
+            location_error = bool(row.carbon_error) and not row.carbon_error.startswith(MARKET_ERROR_PREFIX)
+            if site is None or record is None or row.energy_uj < 0 or location_error:
                 skipped.append(
                     {
                         "hour": row.hour,
@@ -288,7 +298,8 @@ def carbon_summary(organization_id: int, start: datetime, end: datetime) -> Carb
                     }
                 )
                 continue
-            used_pue[record.pk] = record
+            if used_pue is not None:
+                used_pue[record.pk] = record
             begin = row.hour.astimezone(UTC)
             out.append(
                 co2e.Consumption(
@@ -307,8 +318,8 @@ def carbon_summary(organization_id: int, start: datetime, end: datetime) -> Carb
         return out, skipped
 
     used_pue: dict[int, PueRecord] = {}
-    counted, not_valued = consumptions(rows)
-    before, _ = consumptions(earlier)
+    counted, not_valued = consumptions(rows, used_pue)
+    before, _ = consumptions(earlier, None)
     location = co2e.location_based(counted, factors.all())
     market = co2e.market_based(
         before + counted,
@@ -322,10 +333,13 @@ def carbon_summary(organization_id: int, start: datetime, end: datetime) -> Carb
         by_method[row.method] += row.energy_uj
     requests = sum(r.requests for r in rows)
     embodied = Decimal(0)
-    for device in Device.objects.filter(site_id__in=list(sites)).exclude(embodied_kg_co2e=None):
+    device_ids = {r.device_id for r in rows if r.device_id}
+    for device in Device.objects.filter(device_id__in=device_ids).exclude(embodied_kg_co2e=None):
         if device.lifetime_years is None:
             continue
-        reserved_hours = len({r.hour for r in rows if r.site_id == device.site_id})
+        # The hours this device has rows of this organization (its requests, or its idle lines where the
+        # organization operates the site): not every hour of the site, which other devices fill.
+        reserved_hours = len({r.hour for r in rows if r.device_id == device.device_id})
         embodied += co2e.embodied_share_g(
             device.embodied_kg_co2e,
             device.lifetime_years * Decimal(365 * 24 * 3600),

@@ -16,6 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from carbonledger import co2e
@@ -40,26 +41,61 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CREATE_BATCH = 5000
 
 
-def _queue_recompute(organization_id: int | None) -> None:
+def _queue_recompute(
+    organization_id: int | None,
+    *,
+    site_id: int | None = None,
+    zone: str | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> None:
     from carbonledger.tasks import recompute_carbon
 
-    transaction.on_commit(lambda: recompute_carbon.delay(organization_id))
+    narrowed = {
+        name: value
+        for name, value in (
+            ("site_id", site_id),
+            ("zone", zone),
+            ("start", start.isoformat() if start else None),
+            ("end", end.isoformat() if end else None),
+        )
+        if value is not None
+    }
+
+    def queue() -> None:
+        recompute_carbon.delay(organization_id, **narrowed)
+
+    transaction.on_commit(queue)
 
 
-def known_zones() -> set[str]:
-    """Zones the product knows: any zone with a factor, plus the zones of the sites."""
-    zones = set(EmissionFactor.objects.values_list("zone", flat=True).distinct())
-    zones.update(Site.objects.values_list("zone", flat=True))
+def known_zones(organization: Organization | None = None) -> set[str]:
+    """Zones ``organization`` may name: zones with a shared factor or one of its own imports, plus the
+    zones of its own and of unowned sites. Another organization's private imports and sites stay private."""
+    owners = Q(factor_import__organization__isnull=True)
+    sites = Q(organization__isnull=True)
+    if organization is not None:
+        owners |= Q(factor_import__organization=organization)
+        sites |= Q(organization=organization)
+    zones = set(EmissionFactor.objects.filter(owners).values_list("zone", flat=True).distinct())
+    zones.update(Site.objects.filter(sites).values_list("zone", flat=True))
     return zones
 
 
-def _decimal(value: object, name: str) -> Decimal:
+def _decimal(value: object, name: str, digits: tuple[int, int]) -> Decimal:
+    """``value`` as a Decimal that fits its column (``digits`` = max digits, decimal places) exactly: a
+    figure the database would round or refuse is refused here, by name."""
     try:
         result = Decimal(str(value).strip())
     except (InvalidOperation, ValueError):
         raise ServiceError(f"{name} must be a number, got {value!r}") from None
     if not result.is_finite():
         raise ServiceError(f"{name} must be a finite number, got {value!r}")
+    max_digits, places = digits
+    limit = Decimal(10) ** (max_digits - places)
+    if abs(result) >= limit:
+        raise ServiceError(f"{name} must be below {limit} in magnitude, got {value!r}")
+    if result != result.quantize(Decimal(1).scaleb(-places)):
+        raise ServiceError(f"{name} takes at most {places} decimal places, got {value!r}")
     return result
 
 
@@ -93,11 +129,11 @@ def factor_import_csv(
     uncertainty = (
         Decimal(str(settings.FACTOR_DEFAULT_RELATIVE_UNCERTAINTY))
         if relative_uncertainty is None
-        else _decimal(relative_uncertainty, "relative_uncertainty")
+        else _decimal(relative_uncertainty, "relative_uncertainty", (6, 4))
     )
     if uncertainty < 0:
         raise ServiceError(f"relative_uncertainty must be >= 0, got {uncertainty}")
-    zones: Collection[str] | None = None if allow_new_zones else known_zones()
+    zones: Collection[str] | None = None if allow_new_zones else known_zones(organization)
     try:
         parsed = parse_intensity_bytes(data, known_zones=zones, source=source, licence=licence, url=url)
     except IntensityImportError as exc:
@@ -185,10 +221,10 @@ def residual_mix_create(
     organization: Organization | None = None,
 ) -> ResidualMix:
     """Record a residual-mix factor (a newer record for the same zone and year supersedes, never edits)."""
-    intensity = _decimal(intensity_g_per_kwh, "intensity_g_per_kwh")
+    intensity = _decimal(intensity_g_per_kwh, "intensity_g_per_kwh", (12, 6))
     if intensity < 0 or intensity > 2000:
         raise ServiceError(f"intensity_g_per_kwh must be between 0 and 2000, got {intensity}")
-    uncertainty = _decimal(relative_uncertainty, "relative_uncertainty")
+    uncertainty = _decimal(relative_uncertainty, "relative_uncertainty", (6, 4))
     if uncertainty < 0:
         raise ServiceError(f"relative_uncertainty must be >= 0, got {uncertainty}")
     if not zone.strip():
@@ -249,8 +285,8 @@ def instrument_create(
     for key, value in criteria.items():
         if not isinstance(value, bool):
             raise ServiceError(f"quality criterion {key!r} must be true or false, got {value!r}")
-    mwh_value = None if mwh in (None, "") else _decimal(mwh, "mwh")
-    intensity = _decimal(intensity_g_per_kwh, "intensity_g_per_kwh")
+    mwh_value = None if mwh in (None, "") else _decimal(mwh, "mwh", (16, 6))
+    intensity = _decimal(intensity_g_per_kwh, "intensity_g_per_kwh", (12, 6))
     start, end = _aware(vintage_start, "vintage_start"), _aware(vintage_end, "vintage_end")
     try:  # the pure core holds the rules (whole hours, mwh > 0, only a supplier rate may be unlimited)
         co2e.Instrument(
@@ -289,10 +325,10 @@ def instrument_create(
 
 
 def _check_pue(pue: Decimal | str | float, uncertainty: Decimal | str | float) -> tuple[Decimal, Decimal]:
-    value = _decimal(pue, "pue")
+    value = _decimal(pue, "pue", (5, 3))
     if not Decimal(1) <= value <= Decimal(5):
         raise ServiceError(f"pue must be between 1 and 5, got {value}")
-    relative = _decimal(uncertainty, "pue_relative_uncertainty")
+    relative = _decimal(uncertainty, "pue_relative_uncertainty", (6, 4))
     if not Decimal(0) <= relative < Decimal(1):
         raise ServiceError(f"pue_relative_uncertainty must be in [0, 1), got {relative}")
     return value, relative
@@ -314,10 +350,14 @@ def site_create(
         raise ServiceError(f"pue_source must be declared or measured, got {pue_source!r}")
     if electricity not in Site.Electricity.values:
         raise ServiceError(f"electricity must be one of {', '.join(Site.Electricity.values)}")
-    if zone not in known_zones():
+    if zone not in known_zones(organization):
         raise ServiceError(f"unknown grid zone {zone!r}: import a factor for it first")
-    if Site.objects.filter(name=name).exists():
-        raise ServiceError(f"a site named '{name}' already exists")
+    if organization is not None and name == settings.SITE_NAME:
+        raise ServiceError(f"the site name '{name}' is reserved for the gateway's default site (SITE_NAME)")
+    # Names are unique per organization: a clash with another organization's site is none of the caller's
+    # business, and refusing it would tell them the name exists.
+    if Site.objects.filter(name=name, organization=organization).exists():
+        raise ServiceError(f"you already have a site named '{name}'")
     with transaction.atomic():
         site = Site(
             organization=organization,
@@ -373,7 +413,8 @@ def site_set_pue(
         if latest is not None and latest.pk == record.pk:
             site.pue, site.pue_source = value, source
             site.save(update_fields=["pue", "pue_source"])
-        _queue_recompute(site.organization_id)
+        # Every organization with requests at the site (not only its operator), from the record's start.
+        _queue_recompute(None, site_id=site.pk, start=start.replace(minute=0, second=0, microsecond=0))
     return record
 
 
@@ -391,13 +432,13 @@ def device_update(
         device.site = site
         fields.append("site")
     if embodied_kg_co2e is not None:
-        embodied = _decimal(embodied_kg_co2e, "embodied_kg_co2e")
+        embodied = _decimal(embodied_kg_co2e, "embodied_kg_co2e", (12, 3))
         if embodied < 0:
             raise ServiceError(f"embodied_kg_co2e must be >= 0, got {embodied}")
         device.embodied_kg_co2e = embodied
         fields.append("embodied_kg_co2e")
     if lifetime_years is not None:
-        lifetime = _decimal(lifetime_years, "lifetime_years")
+        lifetime = _decimal(lifetime_years, "lifetime_years", (6, 2))
         if lifetime <= 0:
             raise ServiceError(f"lifetime_years must be > 0, got {lifetime}")
         device.lifetime_years = lifetime
@@ -474,6 +515,24 @@ def intensity_fetch(
                     )
                 )
                 continue
+            # Only hours not stored yet, or revised since (a provider's estimate replaced by its measurement):
+            # each hourly run would otherwise store again the 47 hours it stored an hour before.
+            stored: dict[tuple[datetime, str], Decimal] = {}
+            for period_start, basis, value in (
+                EmissionFactor.objects.filter(
+                    factor_import__organization=None,
+                    factor_import__status=FactorImport.Status.ACCEPTED,
+                    factor_import__layout=f"provider:{provider.name}",
+                    zone=zone,
+                    granularity="hour",
+                    period_start__gte=start,
+                    period_start__lt=end,
+                )
+                .order_by("factor_import_id")
+                .values_list("period_start", "basis", "intensity_g_per_kwh")
+            ):
+                stored[(period_start, basis)] = value
+            readings = [r for r in readings if stored.get((r.period_start, r.basis)) != r.intensity_g_per_kwh]
             if not readings:
                 continue
             canonical = json.dumps(
@@ -511,6 +570,11 @@ def intensity_fetch(
                     )
                     for r in readings
                 )
-                _queue_recompute(None)
+                _queue_recompute(
+                    None,
+                    zone=zone,
+                    start=min(r.period_start for r in readings),
+                    end=max(r.period_end for r in readings),
+                )
             made.append(record)
     return made

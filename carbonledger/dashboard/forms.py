@@ -15,11 +15,15 @@ class SiteForm(forms.Form):
     name = forms.SlugField(max_length=64)
     zone = forms.CharField(max_length=32, help_text="grid zone, e.g. FR, DE, US-CA")
     pue = forms.DecimalField(
-        min_value=Decimal(1), max_value=Decimal(5), decimal_places=3, initial=Decimal("1.2")
+        min_value=Decimal(1), max_value=Decimal(5), max_digits=5, decimal_places=3, initial=Decimal("1.2")
     )
     pue_source = forms.ChoiceField(choices=[("declared", "declared"), ("measured", "measured")])
     pue_relative_uncertainty = forms.DecimalField(
-        min_value=Decimal(0), max_value=Decimal("0.99"), decimal_places=4, initial=Decimal("0.05")
+        min_value=Decimal(0),
+        max_value=Decimal("0.99"),
+        max_digits=6,
+        decimal_places=4,
+        initial=Decimal("0.05"),
     )
     electricity = forms.ChoiceField(choices=Site.Electricity.choices)
 
@@ -27,8 +31,12 @@ class SiteForm(forms.Form):
 class DeviceForm(forms.Form):
     device_id = forms.CharField(widget=forms.HiddenInput)
     site = forms.ModelChoiceField(queryset=Site.objects.none(), required=False)
-    embodied_kg_co2e = forms.DecimalField(min_value=Decimal(0), decimal_places=3, required=False)
-    lifetime_years = forms.DecimalField(min_value=Decimal("0.01"), decimal_places=2, required=False)
+    embodied_kg_co2e = forms.DecimalField(
+        min_value=Decimal(0), max_digits=12, decimal_places=3, required=False
+    )
+    lifetime_years = forms.DecimalField(
+        min_value=Decimal("0.01"), max_digits=6, decimal_places=2, required=False
+    )
 
     def __init__(self, *args: object, organization_id: int, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -61,8 +69,10 @@ class InstrumentForm(forms.Form):
     zone = forms.CharField(max_length=32)
     vintage_start = forms.DateTimeField(help_text="UTC, on a whole hour, e.g. 2025-01-01 00:00")
     vintage_end = forms.DateTimeField(help_text="UTC, exclusive")
-    mwh = forms.DecimalField(min_value=Decimal("0.000001"), decimal_places=6, required=False)
-    intensity_g_per_kwh = forms.DecimalField(min_value=Decimal(0), decimal_places=6, initial=Decimal(0))
+    mwh = forms.DecimalField(min_value=Decimal("0.000001"), max_digits=16, decimal_places=6, required=False)
+    intensity_g_per_kwh = forms.DecimalField(
+        min_value=Decimal(0), max_digits=12, decimal_places=6, initial=Decimal(0)
+    )
     certificate_ids = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     retirement_evidence = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
     criteria = forms.MultipleChoiceField(

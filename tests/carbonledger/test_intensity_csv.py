@@ -340,10 +340,19 @@ def test_annual_row_covers_the_utc_calendar_year_and_keeps_its_attribution() -> 
 
 def test_annual_empty_gases_and_attribution_cells_take_defaults_and_parameters() -> None:
     (row,) = parse_intensity_csv(
-        ANNUAL + "FR,France,2023,56,direct,,production,,,,\n", source="S", licence="L", url="U"
+        ANNUAL + "FR,France,2023,56,direct,,production,,,,\n",
+        source="S",
+        licence="L",
+        url="https://u.example",
     ).rows
 
-    assert (row.gases, row.source, row.licence, row.url, row.published) == ("CO2e", "S", "L", "U", "")
+    assert (row.gases, row.source, row.licence, row.url, row.published) == (
+        "CO2e",
+        "S",
+        "L",
+        "https://u.example",
+        "",
+    )
 
 
 def test_shipped_ember_owid_latest_file_parses_whole() -> None:
@@ -431,7 +440,7 @@ def test_a_utf16_file_is_rejected_as_such() -> None:
 
 def test_a_quoted_cell_spanning_lines_keeps_later_line_numbers_physical() -> None:
     text = ANNUAL + 'FR,France,2023,56,lifecycle,CO2e,production,"two\nlines",CC BY 4.0,https://x.org,2024\n'
-    text += "DE,Germany,2023,abc,lifecycle,CO2e,production,S,L,U,2024\n"
+    text += "DE,Germany,2023,abc,lifecycle,CO2e,production,S,L,https://u.example,2024\n"
 
     assert only_error(text).line == 4
 
@@ -480,7 +489,7 @@ def test_date_with_an_implausible_year_is_rejected() -> None:
 
 
 def test_bad_year_is_rejected() -> None:
-    rest = ",lifecycle,CO2e,production,S,L,U,2024\n"
+    rest = ",lifecycle,CO2e,production,S,L,https://u.example,2024\n"
     errors = errors_of(
         ANNUAL
         + f"FR,France,23,56{rest}DE,Germany,2O23,380{rest}PL,Poland,3023,600{rest}IT,Italy,+202,300{rest}"
@@ -527,8 +536,8 @@ def test_basis_other_than_direct_or_lifecycle_is_rejected() -> None:
     plain = only_error(PLAIN_BASIS + "FR,2024-03-01T13:00:00Z,56,market\n")
     annual = errors_of(
         ANNUAL
-        + "FR,France,2023,56,LCA,CO2e,production,S,L,U,2024\n"
-        + "DE,Germany,2023,380,,CO2e,production,S,L,U,2024\n"
+        + "FR,France,2023,56,LCA,CO2e,production,S,L,https://u.example,2024\n"
+        + "DE,Germany,2023,380,,CO2e,production,S,L,https://u.example,2024\n"
     )
 
     assert (plain.line, plain.reason) == (2, "basis 'market' is not 'direct' or 'lifecycle'")
@@ -587,7 +596,7 @@ def test_same_hour_with_another_basis_is_not_a_duplicate() -> None:
 
 
 def test_duplicate_year_and_duplicate_electricitymaps_hour_are_rejected() -> None:
-    row = "FR,France,2023,56,lifecycle,CO2e,production,S,L,U,2024\n"
+    row = "FR,France,2023,56,lifecycle,CO2e,production,S,L,https://u.example,2024\n"
     annual = only_error(ANNUAL + row + row)
     em_errors = errors_of(EM + EM_ROW + EM_ROW.replace("22.5", "23"))
 
@@ -732,3 +741,27 @@ def test_module_imports_only_the_standard_library() -> None:
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
 
     assert {name.split(".")[0] for name in imported} <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+def test_texts_longer_than_their_column_and_non_http_addresses_are_rejected_by_name() -> None:
+    long_zone = "Z" * 33
+    errors = errors_of(
+        ANNUAL
+        + f"{long_zone},Somewhere,2023,56,lifecycle,CO2e,production,S,L,https://u.example,2024\n"
+        + "FR,France,2023,56,lifecycle,CO2e,production,S,L,javascript:alert(1),2024\n"
+        + "DE,Germany,2023,380,lifecycle,CO2e,production,S,"
+        + "L" * 201
+        + ",https://u.example,2024\n"
+    )
+    assert [e.line for e in errors] == [2, 3, 4]
+    assert "zone is 33 characters long; at most 32" in errors[0].reason
+    assert "is not an http(s) address" in errors[1].reason
+    assert "licence is 201 characters long; at most 200" in errors[2].reason
+
+
+def test_a_licence_or_address_given_for_the_whole_file_is_checked_once() -> None:
+    with pytest.raises(IntensityImportError) as caught:
+        parse_intensity_csv("zone,datetime,g_co2e_per_kwh\nFR,2025-01-01T00:00Z,30\n", url="ftp://x.example")
+    assert [(e.line, e.reason) for e in caught.value.errors] == [
+        (0, "url 'ftp://x.example' is not an http(s) address")
+    ]

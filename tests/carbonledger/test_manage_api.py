@@ -464,13 +464,6 @@ def test_bad_ledger_queries_are_refused_with_400_naming_the_parameter(
     assert field in response.json()
 
 
-@pytest.mark.xfail(
-    ON_SQLITE,
-    strict=True,
-    reason="the site filter is checked with str.isdigit() only: a site id past the database's integer range "
-    "reaches the query and fails on SQLite (OverflowError), a 500 instead of a 400 -- and in the streamed "
-    "CSV the error is raised only while the body is being sent (PostgreSQL answers an empty result)",
-)
 @pytest.mark.parametrize("path", LEDGER_PATHS)
 def test_a_site_id_out_of_range_is_a_400_not_a_server_error(orgs: tuple[Org, Org], path: str) -> None:
     a, _ = orgs

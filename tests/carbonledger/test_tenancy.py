@@ -696,11 +696,6 @@ def test_without_credentials_every_api_route_refuses_and_every_dashboard_page_re
     assert statuses["password_change"] == 302
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a report's ledger section lists every hash chain of the installation (chain id, head seq and "
-    "hash), so another organization's synthetic chain, named after its slug, is printed in B's report",
-)
 def test_a_report_names_no_ledger_chain_of_another_organization(world: World) -> None:
     report = report_request(
         organization=world.b.org, start=world.start.date(), end=world.end.date() + timedelta(days=1)
@@ -718,11 +713,6 @@ def test_a_report_names_no_ledger_chain_of_another_organization(world: World) ->
     assert found == {fmt: [] for fmt in ReportFile.FORMATS}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known_zones() counts the zones of every organization's private factor imports, so another "
-    "organization can create a site in a zone that only A's private file names",
-)
 def test_a_zone_known_only_from_another_organization_s_private_import_is_unknown_to_others() -> None:
     carbon.load_shipped_factors()
     alpha = organization_create(slug=A_SLUG, name="Alpha")
@@ -744,11 +734,6 @@ def test_a_zone_known_only_from_another_organization_s_private_import_is_unknown
     assert response.status_code == 400, "B learnt that some organization imported factors for the zone"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="site names are unique across the installation and the refusal names the clash, so another "
-    "organization can probe for A's site names",
-)
 def test_creating_a_site_does_not_reveal_another_organization_s_site_name() -> None:
     carbon.load_shipped_factors()
     alpha = organization_create(slug=A_SLUG, name="Alpha")

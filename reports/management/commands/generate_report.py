@@ -45,6 +45,7 @@ class Command(BaseCommand):
                 end=end,
                 requested_by="manage.py generate_report",
                 accept_broken_chain=opts["accept_broken_chain"],
+                queue=False,  # generated here: no broker or worker needed
             )
         except ServiceError as exc:
             raise CommandError(str(exc)) from None
