@@ -26,7 +26,9 @@ Beyond Triton:
   is busy executing;
 * adaptive delay (on by default, a model setting): when the queue already holds as many
   requests as the recent peak in flight, no one else can send, so dispatch now rather than
-  wait out ``max_queue_delay``.
+  wait out ``max_queue_delay``;
+* the energy-efficiency knob (``inference/efficiency.py``, off at 0): a planner sets the batch size
+  to aim at and the longest wait, within the model's latency objective.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from inference.efficiency import EfficiencyPlanner, EfficiencySettings
 from inference.errors import InferenceError, QueueFull, RequestTimeout, ShuttingDown
 
 log = logging.getLogger(__name__)
@@ -76,6 +79,8 @@ class BatchPolicy:
     default_queue_policy: QueuePolicy = QueuePolicy()
     queue_policies: dict[int, QueuePolicy] = field(default_factory=dict)
     adaptive_delay: bool = True
+    # The energy-efficiency knob (inference/efficiency.py); at 0 the planner is not consulted at all.
+    efficiency: EfficiencySettings = EfficiencySettings()
 
     @property
     def levels(self) -> int:
@@ -203,6 +208,11 @@ class DynamicBatcher:
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self._reaper: threading.Thread | None = None
+        self.planner: EfficiencyPlanner | None = (
+            EfficiencyPlanner(policy.efficiency, policy.max_batch_size)
+            if policy.efficiency.enabled and policy.dynamic
+            else None
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -295,6 +305,8 @@ class DynamicBatcher:
                 self._window_start = now
             if self._in_flight > self._peak_cur:
                 self._peak_cur = self._in_flight
+            if self.planner is not None:
+                self.planner.arrival(now, p.rows)
             if self._wants_wake(p):
                 self._work.notify()
 
@@ -360,11 +372,25 @@ class DynamicBatcher:
             return 1, None
         if send_now:
             return count, None
+        peak = max(self._peak_cur, self._peak_prev)
+        planner = self.planner
+        if planner is not None:
+            target = planner.target(now)
+            # A target of one row means waiting would not pay (or the planner is still learning): Triton's
+            # rules below apply unchanged.
+            if target.rows > 1:
+                if rows >= target.rows or now - oldest >= target.wait_ns:
+                    return count, None
+                if policy.adaptive_delay and self._queued >= peak:
+                    return count, None  # nobody else can send: waiting costs latency and saves nothing
+                self._wake_rows = target.rows
+                self._wake_count = peak if policy.adaptive_delay else 1 << 62
+                self._wake_sig = sig
+                return 0, oldest + target.wait_ns - now
         if now - oldest >= policy.max_queue_delay_ns:
             return count, None
         if best_pref:
             return best_pref, None
-        peak = max(self._peak_cur, self._peak_prev)
         if policy.adaptive_delay and self._queued >= peak:
             return count, None
         # Waiting: remember what an arrival must bring to change this decision.
@@ -468,6 +494,10 @@ class DynamicBatcher:
                 for p in batch:
                     p.state = DONE
             timing = BatchTiming(start, end, t_in, t_infer, t_out)
+            if self.planner is not None:
+                self.planner.batch_done(
+                    sum(p.rows for p in batch), end - start, [end - p.enqueued_ns for p in batch]
+                )
             for hook in self._hooks:
                 try:
                     hook.end(index, batch, timing, error)

@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 
 from inference.batcher import BatchHook, Pending
+from inference.efficiency import prometheus_lines as efficiency_prometheus_lines
 from inference.errors import (
     Forbidden,
     InferenceError,
@@ -377,11 +378,14 @@ class Gateway:
         await self._send_json(send, 200, orjson.dumps(doc))
 
     def metrics(self) -> bytes:
-        entries = [
-            (mv.stats, mv.batcher.pending_count if mv.batcher is not None else 0)
-            for mv in self.repository.all_versions()
+        versions = self.repository.all_versions()
+        entries = [(mv.stats, mv.batcher.pending_count if mv.batcher is not None else 0) for mv in versions]
+        planners = [
+            (mv.spec.name, mv.version, mv.batcher.planner)
+            for mv in versions
+            if mv.batcher is not None and mv.batcher.planner is not None
         ]
-        return prometheus_text(entries)
+        return prometheus_text(entries, efficiency_prometheus_lines(planners))
 
     async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
         limit = self.options.max_body_bytes

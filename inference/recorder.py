@@ -26,6 +26,7 @@ import orjson
 from inference.allocation import BatchRecord, EnergyAccountant, IntervalAllocation
 from inference.batcher import BatchTiming, Pending
 from inference.config import ModelSpec
+from inference.efficiency import EfficiencyPlanner
 from inference.errors import InferenceError
 from inference.meters import Meter
 from inference.repository import ModelVersion
@@ -102,6 +103,8 @@ class LedgerRecorder:
         self._batch_ids = itertools.count(1)
         self._interval_ids = itertools.count(1)
         self._batch_end: dict[str, int] = {}
+        # Batches whose energy feeds a batcher's efficiency planner: id -> (planner, rows, µJ so far).
+        self._planned: dict[str, tuple[EfficiencyPlanner, int, int]] = {}
         self._batch_end_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -334,8 +337,16 @@ class LedgerRecorder:
                 )
             for bp in a.batch_parts:
                 end = self._batch_end.get(bp.batch_id)
+                planned = self._planned.get(bp.batch_id)
+                if planned is not None:
+                    planned = (planned[0], planned[1], planned[2] + bp.energy_uj)
+                    self._planned[bp.batch_id] = planned
                 if end is not None and end <= a.t1_ns:
                     del self._batch_end[bp.batch_id]
+                    if planned is not None:
+                        # The batch's whole share is known: the accountant's measurement teaches the planner.
+                        del self._planned[bp.batch_id]
+                        planned[0].batch_energy(planned[1], planned[2] / 1e6)
         self._learn_idle(dev, a)
         return [line + b"\n" for line in out]
 
@@ -430,8 +441,11 @@ class _BatchHook:
             raise LedgerUnavailable(
                 f"the ledger spool is full; the batch of model '{spec.name}' was not recorded"
             ) from exc
+        planner = self.mv.batcher.planner if self.mv.batcher is not None else None
         with rec._batch_end_lock:
             rec._batch_end[batch_id] = timing.end_ns
+            if planner is not None and error is None:
+                rec._planned[batch_id] = (planner, sum(p.rows for p in batch), 0)
         self.device.accountant.add_batch(
             BatchRecord(batch_id, timing.start_ns, timing.end_ns, work, spec.name, self.mv.version)
         )

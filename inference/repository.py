@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from inference.batcher import (
     QueuePolicy,
 )
 from inference.config import ConfigError, ModelSpec, config_json_bytes, load_config
+from inference.efficiency import EfficiencySettings
 from inference.errors import BackendError, InferenceError, ModelNotReady, NotFound
 from inference.stats import ModelStats
 
@@ -52,9 +54,43 @@ class HasInputs(Protocol):
     received_ns: int
 
 
+def efficiency_settings(spec: ModelSpec) -> EfficiencySettings:
+    """``energy_efficiency`` (0..1) and ``latency_slo_ms`` from the model's ``parameters``."""
+
+    def number(key: str) -> float | None:
+        raw = spec.parameters.get(key)
+        if raw is None or not raw.strip():
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(
+                f"model '{spec.name}': parameter '{key}' must be a number, got {raw!r}"
+            ) from None
+        if not math.isfinite(value):
+            raise ConfigError(f"model '{spec.name}': parameter '{key}' must be finite, got {raw!r}")
+        return value
+
+    knob = number("energy_efficiency")
+    slo_ms = number("latency_slo_ms")
+    if knob is None and slo_ms is None:
+        return EfficiencySettings()
+    if slo_ms is not None and slo_ms <= 0:
+        raise ConfigError(f"model '{spec.name}': parameter 'latency_slo_ms' must be above 0, got {slo_ms}")
+    if knob and spec.dynamic_batching is None:
+        raise ConfigError(f"model '{spec.name}': energy_efficiency needs dynamic_batching in config.pbtxt")
+    try:
+        return EfficiencySettings(
+            energy_efficiency=knob or 0.0, latency_slo_ns=int((slo_ms or 0) * 1_000_000)
+        )
+    except ValueError as exc:
+        raise ConfigError(f"model '{spec.name}': {exc}") from None
+
+
 def batch_policy(spec: ModelSpec, adaptive_default: bool) -> BatchPolicy:
     db = spec.dynamic_batching
     adaptive = spec.param_bool("adaptive_delay", adaptive_default)
+    efficiency = efficiency_settings(spec)
     if db is None:
         return BatchPolicy(max_batch_size=spec.max_batch_size, dynamic=False, adaptive_delay=False)
 
@@ -77,6 +113,7 @@ def batch_policy(spec: ModelSpec, adaptive_default: bool) -> BatchPolicy:
         default_queue_policy=qp(db.default_queue_policy),
         queue_policies={k: qp(v) for k, v in db.priority_queue_policy.items()},
         adaptive_delay=adaptive,
+        efficiency=efficiency,
     )
 
 

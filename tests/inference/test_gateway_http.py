@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import tritonclient.http.aio as aioclient
 
 from inference.gateway import Gateway, Principal
 from inference.repository import GatewayOptions
-from tests.support.models import build_test_repository, linear_reference
+from tests.support.models import DEMO, build_test_repository, linear_reference
 from tests.support.servers import free_port, serve_asgi
 
 INFER_KEY = "test-infer-key"
@@ -478,3 +479,28 @@ def test_bad_schedule_parameters_are_400(server: str) -> None:
 def test_get_on_infer_is_405_and_unknown_routes_404(server: str) -> None:
     assert requests.get(url(server, "/v2/models/linear/infer"), headers=AUTH, timeout=5).status_code == 405
     assert requests.get(url(server, "/v2/models/linear/bogus"), headers=AUTH, timeout=5).status_code == 404
+
+
+def test_metrics_show_the_energy_efficiency_knob_and_what_its_planner_decided(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    root = tmp_path_factory.mktemp("eco-models")
+    shutil.copytree(DEMO / "linear", root / "linear")
+    config = root / "linear" / "config.pbtxt"
+    config.write_text(
+        config.read_text()
+        + 'parameters { key: "energy_efficiency" value { string_value: "1" } }\n'
+        + 'parameters { key: "latency_slo_ms" value { string_value: "50" } }\n'
+    )
+    gateway = Gateway(root, GatewayOptions(), static_resolver)
+    with serve_asgi(gateway) as address:
+        for _ in range(4):
+            assert post_json(address, "/v2/models/linear/infer", linear_doc()).status_code == 200
+        text = requests.get(url(address, "/metrics"), timeout=5).text
+    labels = 'model="linear",version="1"'
+    assert f"carbonledger_energy_efficiency{{{labels}}} 1" in text
+    assert f"carbonledger_latency_slo_seconds{{{labels}}} 0.05" in text
+    assert f"carbonledger_batch_target_rows{{{labels}}} " in text
+    assert "# TYPE carbonledger_arrival_rows_per_second gauge" in text
+    p99 = next(line for line in text.splitlines() if line.startswith("carbonledger_latency_p99_seconds"))
+    assert float(p99.rsplit(" ", 1)[1]) > 0

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 from inference.batcher import BatchTiming, Pending
 from inference.config import load_config
+from inference.efficiency import EfficiencyPlanner, EfficiencySettings
 from inference.errors import InferenceError
 from inference.gateway import InferCall, Principal
 from inference.kserve import InferRequest
@@ -205,3 +207,49 @@ def test_batches_from_several_threads_keep_conservation(setup: Any) -> None:
         parts = sum(r["energy_uj"] for r in records if r["k"] == "energy" and r["interval_id"] == iid)
         idle = next(r["energy_uj"] for r in records if r["k"] == "idle" and r["interval_id"] == iid)
         assert parts + idle == interval["energy_uj"]
+
+
+class RecordingPlanner(EfficiencyPlanner):
+    def __init__(self) -> None:
+        super().__init__(EfficiencySettings(1.0, 25_000_000), 8)
+        self.energies: list[tuple[int, float]] = []
+
+    def batch_energy(self, rows: int, energy_j: float) -> None:
+        self.energies.append((rows, energy_j))
+        super().batch_energy(rows, energy_j)
+
+
+def test_the_accountant_teaches_the_batcher_s_planner_each_batch_s_whole_energy(tmp_path: Path) -> None:
+    clock = [1_000_000_000]
+    spool = Spool(tmp_path / "spool")
+    recorder = LedgerRecorder(
+        spool,
+        [(FakeMeter(clock), "test")],
+        RecorderOptions(sample_interval_s=3600, boundary_min_interval_s=0, idle_power_w=10.0),
+        clock_ns=lambda: clock[0],
+        wall_ns=lambda: 1_700_000_000_000_000_000,
+    )
+    recorder.start()
+    mv = ModelVersion(load_config(DEMO / "linear"), "1", DEMO / "linear" / "1")
+    planner = RecordingPlanner()
+    mv.batcher = SimpleNamespace(planner=planner)  # type: ignore[assignment]
+    hook = recorder.hook_for(mv)
+    t = clock[0]
+    for size in (1, 2, 3):
+        batch = [call() for _ in range(size)]
+        for p in batch:
+            p.enqueued_ns = t
+        run_batch(hook, clock, batch, t + 1_000_000, t + 3_000_000)
+        t += 7_000_000
+        clock[0] = t
+    recorder.stop()
+    records = spooled(spool)
+    spool.close()
+    by_batch: dict[str, int] = {}
+    for r in records:
+        if r["k"] == "energy":
+            by_batch[r["batch_id"]] = by_batch.get(r["batch_id"], 0) + r["energy_uj"]
+    batches = [r for r in records if r["k"] == "batch"]
+    assert [rows for rows, _ in planner.energies] == [b["rows"] for b in batches] == [1, 2, 3]
+    assert [round(j * 1e6) for _, j in planner.energies] == [by_batch[b["batch_id"]] for b in batches]
+    assert all(j > 0 for _, j in planner.energies)

@@ -20,6 +20,7 @@ import pytest
 
 from inference.batcher import Pending
 from inference.config import parse_config_text
+from inference.efficiency import EfficiencySettings
 from inference.errors import BackendError, InferenceError, ModelNotReady, NotFound
 from inference.repository import GatewayOptions, ModelRepository, ModelVersion, select_versions
 
@@ -730,3 +731,56 @@ def test_model_with_priority_queue_policy_loads_beside_others(root: Path, make_r
     assert repo.version("good", None).ready
     mv = repo.version("prio", None)
     np.testing.assert_array_equal(infer(mv, _x(1))["y"], _x(1) * 2 + 1000)
+
+
+# ---------------------------------------------------------------------------------------------
+# the energy-efficiency knob
+
+
+def test_a_model_with_the_knob_gets_a_planner_that_learns_from_its_batches(
+    root: Path, make_repo: RepoFactory
+) -> None:
+    write_model(
+        root,
+        "eco",
+        _config(
+            "eco",
+            """
+            dynamic_batching { max_queue_delay_microseconds: 100 }
+            parameters { key: "energy_efficiency" value { string_value: "0.5" } }
+            parameters { key: "latency_slo_ms" value { string_value: "40" } }
+            """,
+        ),
+    )
+    write_model(root, "plain", _config("plain", "dynamic_batching { max_queue_delay_microseconds: 100 }"))
+    repo = make_repo()
+    eco, plain = repo.version("eco", None), repo.version("plain", None)
+    assert eco.batcher is not None and plain.batcher is not None
+    assert plain.batcher.planner is None  # the knob at 0: Triton's batcher, untouched
+    planner = eco.batcher.planner
+    assert planner is not None
+    assert planner.settings == EfficiencySettings(0.5, 40_000_000)
+    for i in range(5):
+        np.testing.assert_array_equal(infer(eco, _x(1, i))["y"], _x(1, i) * 2 + 1000)
+    assert planner.time_fit.count == 5
+    assert planner.p99_ns() is not None and planner.rate_rows_per_s > 0
+
+
+def test_a_bad_knob_keeps_that_model_unloaded_with_the_reason(root: Path, make_repo: RepoFactory) -> None:
+    write_model(
+        root,
+        "eco",
+        _config(
+            "eco",
+            """
+            dynamic_batching { max_queue_delay_microseconds: 100 }
+            parameters { key: "energy_efficiency" value { string_value: "0.5" } }
+            """,
+        ),
+    )
+    write_model(root, "good")
+    repo = make_repo()
+    assert repo.version("good", None).ready
+    entry = repo.entry("eco")
+    assert entry.ready_versions == []
+    assert "model 'eco': energy_efficiency above 0 needs a latency objective (latency_slo_ms)" in entry.reason

@@ -1,0 +1,292 @@
+"""The energy-efficiency knob of the dynamic batcher, free of Django and of any web framework.
+
+Triton's batcher is static: it dispatches when a preferred size is reached or the oldest request has
+waited ``max_queue_delay``. At low load that means many small batches, and every batch pays a fixed
+energy cost (kernel launches, weight reads, the device waking to full clocks) whatever its size. The
+planner here trades latency for energy on purpose, within the user's latency objective:
+
+* it learns online, per model and device, two cost models against batch size (rows): batch time
+  ``t(b) = t0 + t1 * b`` (from the batcher's own timings) and batch energy ``e(b) = e0 + e1 * b``
+  (from the accountant's per-batch shares, once their intervals close); until enough energy has been
+  seen, busy time stands in for energy (energy is power x time);
+* it estimates the arrival rate (rows per second) from the requests it sees;
+* it chooses a target batch size ``b*`` and the longest wait ``w*`` for the oldest request: the size
+  that minimises joules per inference ``e(b) / b`` among the sizes the expected arrivals can fill in
+  time, where the time allowed is ``energy_efficiency`` x the headroom of the objective
+  (``latency_slo - t(b)``), scaled by a safety factor that shrinks whenever the observed p99 exceeds
+  the objective and grows back slowly while it is comfortably inside;
+* when waiting would save under ``MIN_SAVING`` of the energy per inference, it does not wait.
+
+``energy_efficiency`` 0 leaves the batcher exactly as Triton's: the batcher does not consult the
+planner at all (a test replays one trace through both and compares every dispatch decision).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+# Waiting must lower the modelled energy per inference by at least this fraction to be worth its latency.
+MIN_SAVING = 0.02
+# Observations of a batch size before the cost models are trusted, and their forgetting factor (about the
+# last 200 batches count), so that the models follow a device whose clocks or load change.
+MIN_OBSERVATIONS = 8
+FORGET = 0.995
+# The p99 window, and how the safety factor moves: down fast on a miss, up slowly when comfortable.
+LATENCY_WINDOW = 256
+SAFETY_MIN, SAFETY_MAX = 0.05, 1.0
+SAFETY_DOWN, SAFETY_UP = 0.7, 1.05
+COMFORTABLE = 0.8  # p99 below this share of the objective lets the safety factor grow
+RATE_HALF_LIFE_NS = 1_000_000_000  # the arrival rate follows a load step within a few seconds
+
+
+@dataclass(frozen=True, slots=True)
+class EfficiencySettings:
+    """The knob and the objective of one model (``config.pbtxt`` ``parameters``)."""
+
+    energy_efficiency: float = 0.0  # 0: Triton's behaviour; 1: use all the headroom the objective leaves
+    latency_slo_ns: int = 0  # the p99 target, from arrival in the queue to the end of the batch
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.energy_efficiency <= 1.0 or math.isnan(self.energy_efficiency):
+            raise ValueError(f"energy_efficiency must be between 0 and 1, got {self.energy_efficiency}")
+        if self.latency_slo_ns < 0:
+            raise ValueError(f"latency_slo_ms must be positive, got {self.latency_slo_ns / 1e6}")
+        if self.energy_efficiency > 0 and self.latency_slo_ns == 0:
+            raise ValueError("energy_efficiency above 0 needs a latency objective (latency_slo_ms)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.energy_efficiency > 0
+
+
+class LinearFit:
+    """Exponentially weighted least squares of ``y = a + b * x``: the most recent observations weigh most."""
+
+    __slots__ = ("_n", "_sw", "_sx", "_sxx", "_sxy", "_sy", "forget")
+
+    def __init__(self, forget: float = FORGET) -> None:
+        self.forget = forget
+        self._n = 0
+        self._sw = self._sx = self._sy = self._sxx = self._sxy = 0.0
+
+    def observe(self, x: float, y: float) -> None:
+        f = self.forget
+        self._sw = self._sw * f + 1.0
+        self._sx = self._sx * f + x
+        self._sy = self._sy * f + y
+        self._sxx = self._sxx * f + x * x
+        self._sxy = self._sxy * f + x * y
+        self._n += 1
+
+    @property
+    def count(self) -> int:
+        return self._n
+
+    def coefficients(self) -> tuple[float, float] | None:
+        """(intercept, slope), or None while the sizes seen do not determine a line."""
+        if self._n < 2:
+            return None
+        det = self._sw * self._sxx - self._sx * self._sx
+        if det <= 1e-9 * max(1.0, self._sw * self._sxx):
+            return None  # one size only: no slope to learn yet
+        slope = (self._sw * self._sxy - self._sx * self._sy) / det
+        intercept = (self._sy - slope * self._sx) / self._sw
+        return intercept, slope
+
+    def mean(self) -> float | None:
+        return self._sy / self._sw if self._sw else None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What the batcher aims at: dispatch when ``rows`` are queued or the oldest has waited ``wait_ns``."""
+
+    rows: int
+    wait_ns: int
+    reason: str
+
+
+class EfficiencyPlanner:
+    """Chooses a target batch size and wait for one model on one device. Thread-safe; the batcher calls
+    :meth:`target` with its own lock held, so that call only reads a cached decision."""
+
+    def __init__(
+        self,
+        settings: EfficiencySettings,
+        max_batch_size: int,
+        *,
+        refresh_ns: int = 50_000_000,
+    ) -> None:
+        self.settings = settings
+        self.max_batch_size = max(1, max_batch_size)
+        self.refresh_ns = refresh_ns
+        self._lock = threading.Lock()
+        self.time_fit = LinearFit()
+        self.energy_fit = LinearFit()
+        self._latencies: deque[int] = deque(maxlen=LATENCY_WINDOW)
+        self._since_adjust = 0
+        self.safety = 0.5  # starts cautious; the observed p99 moves it
+        self._decayed_rows = 0.0
+        self._last_arrival_ns: int | None = None
+        self._decided_at: int | None = None
+        self._target = Target(1, 0, "learning")
+
+    # -- what the planner learns from ------------------------------------------------------------
+
+    def arrival(self, now_ns: int, rows: int = 1) -> None:
+        """An arrival of ``rows`` rows (called by the batcher on enqueue)."""
+        with self._lock:
+            last = self._last_arrival_ns
+            self._last_arrival_ns = now_ns
+            if last is not None:
+                # A count of rows that halves every RATE_HALF_LIFE_NS: in steady state it holds
+                # rate x half-life / ln 2, an unbiased estimate (averaging 1/gap is not: it overshoots).
+                self._decayed_rows *= 0.5 ** (max(0, now_ns - last) / RATE_HALF_LIFE_NS)
+            self._decayed_rows += rows
+
+    def _rate_at(self, now_ns: int) -> float:
+        """Rows per ns, decayed to ``now_ns`` (nothing arriving lowers it)."""
+        last = self._last_arrival_ns
+        if last is None:
+            return 0.0
+        decayed = self._decayed_rows * 0.5 ** (max(0, now_ns - last) / RATE_HALF_LIFE_NS)
+        return float(decayed * math.log(2) / RATE_HALF_LIFE_NS)
+
+    def batch_done(self, rows: int, busy_ns: int, latencies_ns: list[int]) -> None:
+        """A batch of ``rows`` ran for ``busy_ns``; its requests waited and ran ``latencies_ns`` in all."""
+        with self._lock:
+            self.time_fit.observe(rows, busy_ns)
+            self._latencies.extend(latencies_ns)
+            self._since_adjust += len(latencies_ns)
+            if self._since_adjust >= 32 and len(self._latencies) >= 32:
+                self._since_adjust = 0
+                self._adjust_safety()
+
+    def batch_energy(self, rows: int, energy_j: float) -> None:
+        """The accountant's energy share of a whole batch of ``rows`` (once its intervals closed)."""
+        with self._lock:
+            self.energy_fit.observe(rows, energy_j)
+
+    def _adjust_safety(self) -> None:
+        ordered = sorted(self._latencies)
+        p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+        slo = self.settings.latency_slo_ns
+        if p99 > slo:
+            self.safety = max(SAFETY_MIN, self.safety * SAFETY_DOWN)
+            self._decided_at = None  # decide again now
+        elif p99 < COMFORTABLE * slo:
+            self.safety = min(SAFETY_MAX, self.safety * SAFETY_UP)
+
+    # -- the decision ---------------------------------------------------------------------------
+
+    @property
+    def rate_rows_per_s(self) -> float:
+        last = self._last_arrival_ns
+        return 0.0 if last is None else self._rate_at(last) * 1e9
+
+    def p99_ns(self) -> int | None:
+        with self._lock:
+            if not self._latencies:
+                return None
+            ordered = sorted(self._latencies)
+            return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+    def target(self, now_ns: int) -> Target:
+        """The current target, decided again at most every ``refresh_ns``."""
+        decided = self._decided_at
+        if decided is not None and now_ns - decided < self.refresh_ns:
+            return self._target
+        with self._lock:
+            self._target = self._decide(now_ns)
+            self._decided_at = now_ns
+            return self._target
+
+    def _cost(self) -> tuple[tuple[float, float] | None, tuple[float, float] | None, str]:
+        times = self.time_fit.coefficients() if self.time_fit.count >= MIN_OBSERVATIONS else None
+        energy = self.energy_fit.coefficients() if self.energy_fit.count >= MIN_OBSERVATIONS else None
+        if energy is not None:
+            return times, energy, "energy model"
+        # Until batch energies arrive, busy time stands in for energy (energy = power x time).
+        return times, times, "time model (no energy measured yet)"
+
+    def _decide(self, now_ns: int) -> Target:
+        times, energy, basis = self._cost()
+        if times is None or energy is None:
+            return Target(1, 0, "learning: too few batches of different sizes")
+        rate = self._rate_at(now_ns)
+        t0, t1 = times
+        e0, e1 = energy
+        if e0 <= 0:
+            return Target(1, 0, f"{basis}: no fixed cost per batch, waiting saves nothing")
+        slo = self.settings.latency_slo_ns
+        allowed = self.settings.energy_efficiency * self.safety
+        best_rows, best_wait, best_j = 1, 0, e0 + e1
+        for rows in range(2, self.max_batch_size + 1):
+            run_ns = max(0.0, t0 + t1 * rows)
+            headroom = slo - run_ns
+            if headroom <= 0:
+                break
+            wait = (rows - 1) / rate if rate > 0 else math.inf
+            if wait > allowed * headroom:
+                break
+            per_row = (e0 + e1 * rows) / rows
+            if per_row < best_j:
+                best_rows, best_wait, best_j = rows, int(wait), per_row
+        single = e0 + e1
+        if best_rows == 1 or best_j > single * (1 - MIN_SAVING):
+            return Target(1, 0, f"{basis}: waiting would not pay at {rate * 1e9:.0f} rows/s")
+        # The longest the oldest request may wait: the expected fill time with a margin for arrival noise,
+        # never past the share of the headroom the knob allows.
+        run_ns = max(0.0, t0 + t1 * best_rows)
+        wait_cap = int(allowed * (slo - run_ns))
+        wait_ns = min(wait_cap, int(best_wait * 1.5) + 1)
+        return Target(best_rows, max(0, wait_ns), f"{basis}: {best_rows} rows within {wait_ns / 1e6:.2f} ms")
+
+
+_METRICS = (
+    ("carbonledger_energy_efficiency", "the model's energy-efficiency knob (0: Triton's batching)"),
+    ("carbonledger_latency_slo_seconds", "the model's p99 latency objective"),
+    ("carbonledger_batch_target_rows", "the batch size the planner aims at (1: Triton's rules apply)"),
+    ("carbonledger_batch_target_wait_seconds", "the longest the oldest request may wait for that size"),
+    ("carbonledger_latency_safety", "the share of the objective's headroom the planner may spend now"),
+    ("carbonledger_arrival_rows_per_second", "the arrival rate the planner estimates"),
+    ("carbonledger_latency_p99_seconds", "the p99 latency over the planner's recent window"),
+)
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus_lines(entries: list[tuple[str, str, EfficiencyPlanner]]) -> list[str]:
+    """The planners' state in Prometheus text format, one series per (model, version)."""
+    if not entries:
+        return []
+    lines: list[str] = []
+    values = []
+    for model, version, planner in entries:
+        target = planner._target
+        p99 = planner.p99_ns()
+        labels = f'model="{_label(model)}",version="{_label(version)}"'
+        values.append(
+            (
+                labels,
+                {
+                    "carbonledger_energy_efficiency": planner.settings.energy_efficiency,
+                    "carbonledger_latency_slo_seconds": planner.settings.latency_slo_ns / 1e9,
+                    "carbonledger_batch_target_rows": target.rows,
+                    "carbonledger_batch_target_wait_seconds": target.wait_ns / 1e9,
+                    "carbonledger_latency_safety": round(planner.safety, 4),
+                    "carbonledger_arrival_rows_per_second": round(planner.rate_rows_per_s, 3),
+                    "carbonledger_latency_p99_seconds": (p99 or 0) / 1e9,
+                },
+            )
+        )
+    for metric, help_text in _METRICS:
+        lines.append(f"# HELP {metric} {help_text}")
+        lines.append(f"# TYPE {metric} gauge")
+        lines.extend(f"{metric}{{{labels}}} {numbers[metric]:g}" for labels, numbers in values)
+    return lines
