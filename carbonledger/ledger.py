@@ -34,6 +34,9 @@ class RecordKind:
     model: type[models.Model]
     fields: tuple[str, ...]  # chained fields, in canonical order (column names)
     natural_key: str
+    # Trailing fields added after records were first written: left out of the canonical form while empty,
+    # so that every record written before them hashes exactly as it did.
+    optional_tail: tuple[str, ...] = ()
 
     @property
     def table(self) -> str:
@@ -57,8 +60,10 @@ KINDS: dict[str, RecordKind] = {
                 "requests",
                 "rows",
                 "status",
+                "variant",
             ),
             "batch_id",
+            ("variant",),
         ),
         RecordKind(
             "req",
@@ -80,8 +85,10 @@ KINDS: dict[str, RecordKind] = {
                 "work_units",
                 "status",
                 "synthetic",
+                "variant",
             ),
             "request_id",
+            ("variant",),
         ),
         RecordKind(
             "interval",
@@ -125,7 +132,16 @@ KINDS: dict[str, RecordKind] = {
 CHAIN_COLUMNS = ("chain_id", "seq", "prev_hash", "hash")
 
 
+_OPTIONAL_TAIL = {k.kind: len(k.optional_tail) for k in KINDS.values() if k.optional_tail}
+
+
 def canonical(kind: str, seq: int, values: tuple[Any, ...] | list[Any]) -> bytes:
+    optional = _OPTIONAL_TAIL.get(kind, 0)
+    if optional:
+        values = list(values)
+        while optional and values and values[-1] == "":
+            values.pop()
+            optional -= 1
     return orjson.dumps([kind, seq, *values])
 
 
@@ -140,6 +156,7 @@ class _Plan:
     defaults: dict[str, Any]  # optional fields and their value when absent
     nullable: frozenset[str]
     fields: tuple[str, ...]
+    tail: tuple[str, ...]  # the optional tail: read with .get(), so records without it keep the fast path
 
 
 _plans: dict[str, _Plan] = {}
@@ -161,8 +178,14 @@ def _plan(kind: RecordKind) -> _Plan:
                 floats.append(pos)
             elif isinstance(field, models.CharField | models.TextField) and isinstance(field.default, str):
                 defaults[name] = field.default
+        head = kind.fields[: len(kind.fields) - len(kind.optional_tail)]
         plan = _Plan(
-            operator.itemgetter(*kind.fields), tuple(floats), defaults, frozenset(nullable), kind.fields
+            operator.itemgetter(*head),
+            tuple(floats),
+            defaults,
+            frozenset(nullable),
+            kind.fields,
+            kind.optional_tail,
         )
         _plans[kind.kind] = plan
     return plan
@@ -177,6 +200,8 @@ def normalize(kind: RecordKind, record: dict[str, Any]) -> tuple[Any, ...]:
     plan = _plan(kind)
     try:
         values = list(plan.getter(record))
+        for name in plan.tail:
+            values.append(record.get(name, plan.defaults[name]))
     except KeyError:
         values = []
         for name in plan.fields:

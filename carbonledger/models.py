@@ -192,6 +192,9 @@ class LedgerBatch(ChainedRecord):
     requests = models.IntegerField()
     rows = models.IntegerField()
     status = models.CharField(max_length=16, default="ok")
+    # The model variant that served the batch (e.g. fp32 or int8; empty for a model without variants).
+    # Chained only when set, so records written before the column existed still verify.
+    variant = models.CharField(max_length=64, default="", blank=True)
 
     class Meta:
         db_table = "ledger_batch"
@@ -228,6 +231,9 @@ class LedgerRequest(ChainedRecord):
     work_units = models.BigIntegerField()
     status = models.CharField(max_length=16, default="ok")
     synthetic = models.BooleanField(default=False)
+    # The model variant that served the batch (e.g. fp32 or int8; empty for a model without variants).
+    # Chained only when set, so records written before the column existed still verify.
+    variant = models.CharField(max_length=64, default="", blank=True)
 
     class Meta:
         db_table = "ledger_request"

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 from inference.efficiency import EfficiencyPlanner, EfficiencySettings
 from inference.errors import InferenceError, QueueFull, RequestTimeout, ShuttingDown
+from inference.variants import GridState
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class Pending:
         "state",
         "timeout_action",
         "timeout_us",
+        "variant",
     )
 
     def __init__(
@@ -128,6 +130,7 @@ class Pending:
         self.seq = 0
         self.state = QUEUED
         self.timeout_action = "REJECT"
+        self.variant = ""  # the model variant that served it, set by the runner
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +176,8 @@ class DynamicBatcher:
         instances: int = 1,
         hooks: Sequence[BatchHook] = (),
         clock: Callable[[], int] = time.monotonic_ns,
+        grid: GridState | None = None,
+        carbon_aware_efficiency: float = 1.0,
     ) -> None:
         self.name = name
         self.policy = policy
@@ -208,9 +213,19 @@ class DynamicBatcher:
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self._reaper: threading.Thread | None = None
+        # A planner with the knob above 0, or with a latency objective and a grid state to lean on when the
+        # grid is above its threshold (carbon-aware mode); otherwise none, and Triton's rules alone.
+        wants_planner = policy.efficiency.enabled or (
+            grid is not None and policy.efficiency.latency_slo_ns > 0
+        )
         self.planner: EfficiencyPlanner | None = (
-            EfficiencyPlanner(policy.efficiency, policy.max_batch_size)
-            if policy.efficiency.enabled and policy.dynamic
+            EfficiencyPlanner(
+                policy.efficiency,
+                policy.max_batch_size,
+                grid=grid,
+                carbon_aware_efficiency=carbon_aware_efficiency,
+            )
+            if wants_planner and policy.dynamic
             else None
         )
 
@@ -250,6 +265,10 @@ class DynamicBatcher:
     @property
     def queued(self) -> int:
         return self._queued
+
+    @property
+    def queued_rows(self) -> int:
+        return self._queued_rows
 
     @property
     def pending_count(self) -> int:

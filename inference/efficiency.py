@@ -28,6 +28,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+from inference.variants import GridState
+
 # Waiting must lower the modelled energy per inference by at least this fraction to be worth its latency.
 MIN_SAVING = 0.02
 # Observations of a batch size before the cost models are trusted, and their forgetting factor (about the
@@ -119,8 +121,12 @@ class EfficiencyPlanner:
         max_batch_size: int,
         *,
         refresh_ns: int = 50_000_000,
+        grid: GridState | None = None,
+        carbon_aware_efficiency: float = 1.0,
     ) -> None:
         self.settings = settings
+        self.grid = grid
+        self.carbon_aware_efficiency = carbon_aware_efficiency
         self.max_batch_size = max(1, max_batch_size)
         self.refresh_ns = refresh_ns
         self._lock = threading.Lock()
@@ -212,7 +218,18 @@ class EfficiencyPlanner:
         # Until batch energies arrive, busy time stands in for energy (energy = power x time).
         return times, times, "time model (no energy measured yet)"
 
+    def knob(self) -> float:
+        """The knob in force: the model's, or the carbon-aware one while the grid is above its threshold."""
+        knob = self.settings.energy_efficiency
+        grid = self.grid
+        if grid is not None and grid.high:
+            knob = max(knob, self.carbon_aware_efficiency)
+        return knob
+
     def _decide(self, now_ns: int) -> Target:
+        knob = self.knob()
+        if knob <= 0:
+            return Target(1, 0, "knob at 0: Triton's rules")
         times, energy, basis = self._cost()
         if times is None or energy is None:
             return Target(1, 0, "learning: too few batches of different sizes")
@@ -222,7 +239,7 @@ class EfficiencyPlanner:
         if e0 <= 0:
             return Target(1, 0, f"{basis}: no fixed cost per batch, waiting saves nothing")
         slo = self.settings.latency_slo_ns
-        allowed = self.settings.energy_efficiency * self.safety
+        allowed = knob * self.safety
         best_rows, best_wait, best_j = 1, 0, e0 + e1
         for rows in range(2, self.max_batch_size + 1):
             run_ns = max(0.0, t0 + t1 * rows)
@@ -247,7 +264,10 @@ class EfficiencyPlanner:
 
 
 _METRICS = (
-    ("carbonledger_energy_efficiency", "the model's energy-efficiency knob (0: Triton's batching)"),
+    (
+        "carbonledger_energy_efficiency",
+        "the knob in force (0: Triton's batching; raised in carbon-aware mode)",
+    ),
     ("carbonledger_latency_slo_seconds", "the model's p99 latency objective"),
     ("carbonledger_batch_target_rows", "the batch size the planner aims at (1: Triton's rules apply)"),
     ("carbonledger_batch_target_wait_seconds", "the longest the oldest request may wait for that size"),
@@ -275,7 +295,7 @@ def prometheus_lines(entries: list[tuple[str, str, EfficiencyPlanner]]) -> list[
             (
                 labels,
                 {
-                    "carbonledger_energy_efficiency": planner.settings.energy_efficiency,
+                    "carbonledger_energy_efficiency": planner.knob(),
                     "carbonledger_latency_slo_seconds": planner.settings.latency_slo_ns / 1e9,
                     "carbonledger_batch_target_rows": target.rows,
                     "carbonledger_batch_target_wait_seconds": target.wait_ns / 1e9,

@@ -41,6 +41,7 @@ from inference.kserve import (
 )
 from inference.repository import GatewayOptions, ModelRepository, ModelVersion
 from inference.stats import prometheus_text
+from inference.variants import prometheus_lines as variant_prometheus_lines
 
 log = logging.getLogger(__name__)
 
@@ -385,7 +386,11 @@ class Gateway:
             for mv in versions
             if mv.batcher is not None and mv.batcher.planner is not None
         ]
-        return prometheus_text(entries, efficiency_prometheus_lines(planners))
+        policies = [(mv.spec.name, mv.variant_policy) for mv in versions if mv.variant_policy is not None]
+        extra = efficiency_prometheus_lines(planners) + variant_prometheus_lines(
+            self.repository.grid, policies
+        )
+        return prometheus_text(entries, extra)
 
     async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
         limit = self.options.max_body_bytes
@@ -458,7 +463,13 @@ class Gateway:
             chosen = [(t, outputs[t.name], req.binary_output_all) for t in spec.outputs]
         else:
             chosen = [(mv.output_specs[o.name], outputs[o.name], o.binary) for o in requested]
-        params = {"ledger_id": call.ledger_id} if call.ledger_id is not None else None
+        params: dict[str, str] | None = None
+        if call.ledger_id is not None or pending.variant:
+            params = {}
+            if call.ledger_id is not None:
+                params["ledger_id"] = call.ledger_id
+            if pending.variant:
+                params["variant"] = pending.variant  # which variant served it (fp32, int8...)
         payload, json_len = encode_response(spec.name, mv.version, req.id, chosen, params)
         if json_len is None:
             await self._send_json(send, 200, payload)

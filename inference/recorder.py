@@ -400,6 +400,7 @@ class _BatchHook:
                     "requests": len(batch),
                     "rows": sum(p.rows for p in batch),
                     "status": status,
+                    "variant": batch[0].variant if batch else "",
                 }
             )
         ]
@@ -429,6 +430,7 @@ class _BatchHook:
                         "compute_ns": compute_ns,
                         "work_units": units,
                         "status": status,
+                        "variant": p.variant,
                     }
                 )
             )

@@ -32,6 +32,15 @@ from inference.config import ConfigError, ModelSpec, config_json_bytes, load_con
 from inference.efficiency import EfficiencySettings
 from inference.errors import BackendError, InferenceError, ModelNotReady, NotFound
 from inference.stats import ModelStats
+from inference.variants import (
+    GridState,
+    Variant,
+    VariantPolicy,
+    accuracy_floor,
+    compatible,
+    declared_accuracy,
+    variant_label,
+)
 
 log = logging.getLogger(__name__)
 _VERSION_DIR = re.compile(r"[0-9]+")
@@ -47,6 +56,10 @@ class GatewayOptions:
     onnx_threads: int = 1
     adaptive_delay: bool = True
     max_body_bytes: int = 64 * 1024 * 1024
+    # Carbon-aware mode: while the grid state is above its threshold, the batcher's planner uses at least
+    # this knob (models with a latency objective) and the variant policies pick their cheaper variants.
+    carbon_aware: bool = True
+    carbon_aware_efficiency: float = 1.0
 
 
 class HasInputs(Protocol):
@@ -135,6 +148,9 @@ class ModelVersion:
         self.backends: list[Backend] = []
         self.config_bytes = config_json_bytes(spec)
         self.output_specs = {t.name: t for t in spec.outputs}
+        self.variant = variant_label(spec)
+        self.variant_policy: VariantPolicy | None = None
+        self.variant_backends: dict[str, Backend] = {}  # variant model -> the backend that runs it
 
     def runner(
         self, backend: Backend
@@ -150,6 +166,15 @@ class ModelVersion:
 
         def run(batch: list[Pending]) -> tuple[Sequence[Any], tuple[int, int, int]]:
             t0 = clock()
+            execute, label = backend.execute, self.variant
+            policy = self.variant_policy
+            if policy is not None:
+                choice = policy.choose(self.batcher.queued_rows if self.batcher is not None else 0)
+                stand_in = self.variant_backends.get(choice.variant.model)
+                if stand_in is not None:
+                    execute, label = stand_in.execute, choice.variant.label
+            for p in batch:
+                p.variant = label
             if len(batch) == 1:
                 inputs = batch[0].payload.inputs
             else:
@@ -160,7 +185,7 @@ class ModelVersion:
                         inputs[n] = np.concatenate(parts)
             t1 = clock()
             try:
-                outputs = backend.execute(inputs)
+                outputs = execute(inputs)
             except InferenceError:
                 raise
             except Exception as exc:
@@ -281,12 +306,14 @@ class ModelRepository:
         self._deliver = deliver
         self._hook_factories = list(hooks)
         self.models: dict[str, ModelEntry] = {}
+        self.grid = GridState()
 
     def load(self) -> None:
         if not self.root.is_dir():
             raise FileNotFoundError(f"model repository {self.root} does not exist")
         for model_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
             self.models[model_dir.name] = self._load_model(model_dir)
+        self._link_variants()
         for entry in self.models.values():
             state = "READY" if entry.ready_versions else f"UNAVAILABLE ({entry.reason or 'no ready version'})"
             log.info("model %s: %s", entry.name, state)
@@ -295,6 +322,7 @@ class ModelRepository:
         try:
             spec = load_config(model_dir)
             batch_policy(spec, self.options.adaptive_delay)  # validates model-level parameters
+            accuracy_floor(spec)
         except (ConfigError, ValueError) as exc:
             return ModelEntry(model_dir.name, None, str(exc))
         except Exception as exc:  # a config the schema accepts but we trip on must not stop the others
@@ -317,6 +345,68 @@ class ModelRepository:
             entry.reason = "; ".join(f"version {v.version}: {v.reason}" for v in entry.versions.values())
         entry.build_metadata()
         return entry
+
+    def _link_variants(self) -> None:
+        """Give each base model that sets ``accuracy_floor`` its policy over the variants standing in for it."""
+        for entry in self.models.values():
+            spec = entry.spec
+            if spec is None or not entry.ready_versions:
+                continue
+            floor = accuracy_floor(spec)
+            if floor is None:
+                continue
+            base_accuracy = declared_accuracy(spec)
+            if base_accuracy is None:
+                log.warning(
+                    "model %s: accuracy_floor is set but its own 'accuracy' is not; no variants", spec.name
+                )
+                continue
+            eligible: list[tuple[Variant, Backend]] = []
+            for other in self.models.values():
+                ospec = other.spec
+                if (
+                    ospec is None
+                    or other is entry
+                    or ospec.parameters.get("variant_of", "").strip() != spec.name
+                ):
+                    continue
+                accuracy = declared_accuracy(ospec)
+                why = "it is not ready" if not other.ready_versions else compatible(spec, ospec)
+                if not why and accuracy is None:
+                    why = "it declares no accuracy"
+                if not why and accuracy is not None and accuracy < floor * base_accuracy:
+                    why = f"its accuracy {accuracy:.4f} is below the floor {floor} x {base_accuracy:.4f}"
+                if why:
+                    log.info("model %s: variant %s not used: %s", spec.name, ospec.name, why)
+                    continue
+                assert accuracy is not None
+                variant = Variant(ospec.name, variant_label(ospec) or ospec.name, accuracy)
+                eligible.append((variant, other.ready_versions[-1].backends[0]))
+            order = [m.strip() for m in spec.parameters.get("variants", "").split(",") if m.strip()]
+            eligible.sort(
+                key=lambda vb: (
+                    order.index(vb[0].model) if vb[0].model in order else len(order),
+                    vb[0].accuracy,
+                )
+            )
+            base = Variant(spec.name, variant_label(spec) or spec.name, base_accuracy)
+            high_load = int(spec.parameters.get("variant_high_load_rows", "0") or 0) or spec.max_batch_size
+            for mv in entry.ready_versions:
+                mv.variant = base.label
+                mv.variant_backends = {v.model: b for v, b in eligible}
+                mv.variant_policy = VariantPolicy(
+                    base,
+                    [v for v, _ in eligible],
+                    high_load,
+                    self.grid,
+                    carbon_aware=self.options.carbon_aware,
+                )
+            log.info(
+                "model %s: variants %s within the accuracy floor %s",
+                spec.name,
+                ", ".join(v.label for v, _ in eligible) or "none",
+                floor,
+            )
 
     def _load_version(self, mv: ModelVersion) -> None:
         spec = mv.spec
@@ -343,6 +433,8 @@ class ModelRepository:
             self._deliver,
             instances=len(backends),
             hooks=hooks,
+            grid=self.grid if self.options.carbon_aware else None,
+            carbon_aware_efficiency=self.options.carbon_aware_efficiency,
         )
         mv.batcher.start()
         mv.ready = True

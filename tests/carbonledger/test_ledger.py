@@ -267,3 +267,56 @@ def test_incremental_verification_catches_a_changed_new_record_and_full_catches_
     (full,) = ledger_verify(full=True)
     assert f"seq {old.seq}" in full.problem and "do not match its hash" in full.problem
     spool.close()
+
+
+def test_the_variant_is_chained_when_set_and_records_without_it_hash_as_before(tmp_path: Path) -> None:
+    import hashlib
+
+    import orjson
+
+    org = OrganizationFactory()
+    plain, _ = lines_for_batch(org.pk, requests=2)
+    served, served_ids = lines_for_batch(org.pk, requests=2)
+    with_variant = []
+    for line in served:
+        record = orjson.loads(line)
+        if record["k"] in ("batch", "req"):
+            record["variant"] = "int8"
+        with_variant.append(orjson.dumps(record) + b"\n")
+    spool = drained(tmp_path / "spool", [plain, with_variant])
+    assert set(LedgerRequest.objects.filter(variant="int8").values_list("request_id", flat=True)) == set(
+        served_ids
+    )
+    assert LedgerBatch.objects.filter(variant="int8").count() == 1
+    assert [r.broken for r in verify_all()] == [None]
+    # A request without a variant hashes as the ledger did before the column existed: no value for it.
+    first = LedgerRequest.objects.filter(variant="").order_by("seq").first()
+    assert first is not None
+    old_form = [
+        "req",
+        first.seq,
+        first.request_id,
+        first.client_request_id,
+        first.organization_id,
+        first.api_key_id,
+        first.model,
+        first.version,
+        first.batch_id,
+        first.device_id,
+        first.received_ns,
+        first.started_ns,
+        first.finished_ns,
+        first.queue_ns,
+        first.compute_ns,
+        first.work_units,
+        first.status,
+        first.synthetic,
+    ]
+    assert first.hash == hashlib.sha256(first.prev_hash.encode() + orjson.dumps(old_form)).hexdigest()
+    # Changing the variant that served a request is tampering like any other.
+    target = LedgerRequest.objects.get(request_id=served_ids[0])
+    with connection.cursor() as cur:
+        cur.execute("UPDATE ledger_request SET variant = 'fp32' WHERE id = %s", [target.pk])
+    message = _broken_message()
+    assert f"seq {target.seq}" in message and "do not match its hash" in message
+    spool.close()

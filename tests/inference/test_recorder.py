@@ -253,3 +253,14 @@ def test_the_accountant_teaches_the_batcher_s_planner_each_batch_s_whole_energy(
     assert [rows for rows, _ in planner.energies] == [b["rows"] for b in batches] == [1, 2, 3]
     assert [round(j * 1e6) for _, j in planner.energies] == [by_batch[b["batch_id"]] for b in batches]
     assert all(j > 0 for _, j in planner.energies)
+
+
+def test_the_variant_that_served_a_batch_is_in_its_batch_and_request_records(setup: Any) -> None:
+    _, spool, clock, hook = setup
+    batch = [call(), call()]
+    for p in batch:
+        p.enqueued_ns = clock[0]
+        p.variant = "int8"  # set by the runner that executed the batch
+    run_batch(hook, clock, batch, clock[0] + 1000, clock[0] + 2_000_000)
+    records = spooled(spool)
+    assert {r["variant"] for r in records if r["k"] in ("batch", "req")} == {"int8"}
