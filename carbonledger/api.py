@@ -59,6 +59,7 @@ def ledger_request_detail(request: Request, request_id: str) -> Response:
             "compute_ms": req.compute_ns / 1e6,
             "work_units": req.work_units,
             "status": req.status,
+            "variant": req.variant,
             "energy_j": None if energy_uj is None else energy_uj / 1e6,
             "energy_final": found["final"],
             "energy_parts": [

@@ -18,7 +18,11 @@ def env_str(name: str, default: str, environ: Mapping[str, str] = os.environ) ->
 
 
 def env_int(
-    name: str, default: int, minimum: int | None = None, environ: Mapping[str, str] = os.environ
+    name: str,
+    default: int,
+    minimum: int | None = None,
+    environ: Mapping[str, str] = os.environ,
+    maximum: int | None = None,
 ) -> int:
     raw = environ.get(name)
     if raw is None or raw == "":
@@ -29,11 +33,17 @@ def env_int(
         raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
     if minimum is not None and value < minimum:
         raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name} must be <= {maximum}, got {value}")
     return value
 
 
 def env_float(
-    name: str, default: float, minimum: float | None = None, environ: Mapping[str, str] = os.environ
+    name: str,
+    default: float,
+    minimum: float | None = None,
+    environ: Mapping[str, str] = os.environ,
+    maximum: float | None = None,
 ) -> float:
     raw = environ.get(name)
     if raw is None or raw == "":
@@ -44,6 +54,8 @@ def env_float(
         raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
     if value != value or (minimum is not None and value < minimum):
         raise ImproperlyConfigured(f"{name} must be a number >= {minimum}, got {raw!r}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name} must be a number <= {maximum}, got {raw!r}")
     return value
 
 

@@ -49,6 +49,8 @@ def gateway_options() -> GatewayOptions:
         onnx_threads=settings.GATEWAY_ONNX_THREADS,
         adaptive_delay=settings.GATEWAY_ADAPTIVE_DELAY,
         max_body_bytes=settings.GATEWAY_MAX_BODY_BYTES,
+        carbon_aware=settings.CARBON_AWARE,
+        carbon_aware_efficiency=settings.CARBON_AWARE_EFFICIENCY,
     )
 
 
@@ -160,6 +162,51 @@ class SpoolService:
         self.spool.close()
 
 
+class GridSignalService:
+    """Carbon-aware serving: every ``CARBON_SIGNAL_INTERVAL_S`` reads the intensity and the threshold of the
+    gateway's site (where its devices are placed) and hands them to the gateway's grid state, on a thread of
+    its own (the ORM never runs on the event loop)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.grid: Any = None  # the repository's GridState, set once the gateway is built
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> None:
+        from django.utils import timezone
+
+        from carbonledger.carbon.selectors import grid_signal
+        from carbonledger.ledger_writer import default_site
+
+        signal_now = grid_signal(default_site(), timezone.now())
+        self.grid.update(
+            None if signal_now.intensity_g_per_kwh is None else float(signal_now.intensity_g_per_kwh),
+            None if signal_now.threshold_g_per_kwh is None else float(signal_now.threshold_g_per_kwh),
+            f"{signal_now.zone}: {signal_now.intensity_source}; threshold {signal_now.threshold_source}",
+        )
+        log.info("carbon-aware mode %s (%s)", signal_now.mode, self.grid.source)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                close_old_connections()  # a connection the database dropped since the last round
+                self.refresh()
+            except Exception:  # the database may be down: serving goes on with the last state
+                log.exception("carbon-aware signal not refreshed; keeping the last one")
+            if self._stop.wait(self.interval_s):
+                return
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="carbon-signal", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
 def build_gateway() -> Gateway:
     hooks: list[Any] = []
     services: list[Any] = []
@@ -188,7 +235,10 @@ def build_gateway() -> Gateway:
         # spool closes.
         services = [SpoolService(spool), writer_service, recorder]
         admission = recorder
-    return Gateway(
+    signal_service = GridSignalService(settings.CARBON_SIGNAL_INTERVAL_S) if settings.CARBON_AWARE else None
+    if signal_service is not None:
+        services.append(signal_service)
+    gateway = Gateway(
         settings.MODEL_REPOSITORY,
         gateway_options(),
         resolve_principal,
@@ -197,3 +247,6 @@ def build_gateway() -> Gateway:
         services=services,
         admission=admission,
     )
+    if signal_service is not None:
+        signal_service.grid = gateway.repository.grid
+    return gateway

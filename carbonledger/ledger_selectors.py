@@ -85,6 +85,7 @@ def ledger_page(kind: str, flt: LedgerFilter) -> tuple[list[dict[str, Any]], tup
                 "compute_ms": r.compute_ns / 1e6,
                 "work_units": r.work_units,
                 "status": r.status,
+                "variant": r.variant,
                 "synthetic": r.synthetic,
                 "energy_j": None if r.request_id not in energy else energy[r.request_id] / 1e6,
                 "chain_seq": r.seq,
@@ -111,6 +112,7 @@ def ledger_page(kind: str, flt: LedgerFilter) -> tuple[list[dict[str, Any]], tup
                 "duration_ms": (b.end_ns - b.start_ns) / 1e6,
                 "requests": b.requests,
                 "status": b.status,
+                "variant": b.variant,
             }
             for b in rows
         ]

@@ -91,6 +91,10 @@ class Site(models.Model):
         max_length=16, default="declared", choices=[("declared", "declared"), ("measured", "measured")]
     )
     electricity = models.CharField(max_length=16, choices=Electricity.choices, default=Electricity.OWNED)
+    # Carbon-aware mode: above this intensity, or above this percentile of the zone's last 30 days of hourly
+    # figures (CARBON_AWARE_PERCENTILE when neither is set), serving at the site leans to efficiency.
+    carbon_threshold_g_per_kwh = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    carbon_threshold_percentile = models.PositiveSmallIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "carbonledger",
     "reports",
+    "jobs",
 ]
 
 MIDDLEWARE = [
@@ -162,6 +163,13 @@ SITE_NAME = env_str("SITE_NAME", "local")
 SITE_ZONE = env_str("SITE_ZONE", "FR")
 SITE_PUE = env_float("SITE_PUE", 1.0, minimum=1.0)
 SITE_ELECTRICITY = env_choice("SITE_ELECTRICITY", "owned", ("owned", "colocated", "cloud"))
+# Carbon-aware serving: while the grid of the gateway's site is above its threshold, models with a latency
+# objective batch with at least CARBON_AWARE_EFFICIENCY and base models pick their cheaper variants. The
+# threshold is the site's own, else this percentile of the zone's last 30 days of hourly figures.
+CARBON_AWARE = env_bool("CARBON_AWARE", True)
+CARBON_AWARE_EFFICIENCY = env_float("CARBON_AWARE_EFFICIENCY", 1.0, minimum=0.0, maximum=1.0)
+CARBON_AWARE_PERCENTILE = env_int("CARBON_AWARE_PERCENTILE", 75, minimum=1, maximum=99)
+CARBON_SIGNAL_INTERVAL_S = env_float("CARBON_SIGNAL_INTERVAL_S", 300.0, minimum=1.0)
 
 # -- carbon -------------------------------------------------------------------------------------
 # Where an import holds both a direct and a lifecycle factor for the same zone and period, use this
@@ -204,6 +212,24 @@ REPORT_RUNNING_STALE_S = env_float("REPORT_RUNNING_STALE_S", 1800.0, minimum=60.
 REPORT_QUEUED_STALE_S = env_float("REPORT_QUEUED_STALE_S", 600.0, minimum=30.0)
 REPORT_MAX_ATTEMPTS = env_int("REPORT_MAX_ATTEMPTS", 3, minimum=1)
 CELERY_BEAT_SCHEDULE["reports-recover"] = {"task": "reports.recover", "schedule": 300.0}
+# Deferred inference jobs (jobs/): bounds of a job file, how far ahead a deadline may be, how the worker reaches
+# the gateway's own KServe endpoint, and when a job is given up for lost.
+JOBS_MAX_REQUESTS = env_int("JOBS_MAX_REQUESTS", 10_000, minimum=1)
+JOBS_MAX_FILE_BYTES = env_int("JOBS_MAX_FILE_BYTES", 32 * 1024 * 1024, minimum=1024)
+JOBS_MIN_LEAD_S = env_float("JOBS_MIN_LEAD_S", 60.0, minimum=0.0)
+JOBS_MAX_HORIZON_S = env_float("JOBS_MAX_HORIZON_S", 7 * 86400.0, minimum=3600.0)
+JOBS_PROFILE_DAYS = env_int("JOBS_PROFILE_DAYS", 7, minimum=1)
+JOBS_CONCURRENCY = env_int("JOBS_CONCURRENCY", 4, minimum=1)
+JOBS_REQUEST_TIMEOUT_S = env_float("JOBS_REQUEST_TIMEOUT_S", 60.0, minimum=0.1)
+JOBS_REQUEST_ATTEMPTS = env_int("JOBS_REQUEST_ATTEMPTS", 3, minimum=1)
+JOBS_DISPATCH_GRACE_S = env_float("JOBS_DISPATCH_GRACE_S", 30.0, minimum=0.0)
+JOBS_RUNNING_STALE_S = env_float("JOBS_RUNNING_STALE_S", 900.0, minimum=60.0)
+GATEWAY_URL = env_str("GATEWAY_URL", "http://127.0.0.1:8000").rstrip("/")
+if GATEWAY_URL.split("://", 1)[0] not in {"http", "https"} or "://" not in GATEWAY_URL:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(f"GATEWAY_URL must be an http:// or https:// address, got {GATEWAY_URL!r}")
+CELERY_BEAT_SCHEDULE["jobs-dispatch-due"] = {"task": "jobs.dispatch_due", "schedule": 60.0}
 CELERY_TIMEZONE = "UTC"
 if INTENSITY_PROVIDERS:
     CELERY_BEAT_SCHEDULE["intensity-fetch"] = {"task": "carbonledger.intensity_fetch", "schedule": 3600.0}

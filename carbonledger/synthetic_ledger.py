@@ -58,6 +58,10 @@ def _devices(slug: str) -> tuple[_Device, _Device]:
     )
 
 
+# The variant each synthetic model's records name, as the gateway would (inference/variants.py).
+_VARIANTS = {"digits": "fp32", "digits_int8": "int8"}
+
+
 def _models(gpu: str, cpu: str) -> tuple[_Model, ...]:
     return (
         _Model("digits", gpu, 0.5, 64, 400, 30),
@@ -197,6 +201,7 @@ def _minutes(
                     "requests": size,
                     "rows": size,
                     "status": "ok",
+                    "variant": _VARIANTS.get(model.name, ""),
                 }
             )
             share, remainder = divmod(energy_uj, size)  # equal work units: equal shares, remainder first
@@ -223,6 +228,7 @@ def _minutes(
                         "work_units": model.work_units,
                         "status": "ok",
                         "synthetic": True,
+                        "variant": _VARIANTS.get(model.name, ""),
                     }
                 )
                 parts[device.device_id].append(

@@ -7,6 +7,7 @@ from carbonledger import api, manage_api, views
 from carbonledger.carbon import api as carbon_api
 from carbonledger.dashboard import views as dashboard
 from carbonledger.static_files import static_file
+from jobs import api as jobs_api
 from reports import api as reports_api
 
 urlpatterns = [
@@ -47,6 +48,7 @@ urlpatterns = [
     path("api/v1/instruments", carbon_api.instruments, name="api-instruments"),
     path("api/v1/sites", carbon_api.sites, name="api-sites"),
     path("api/v1/sites/<int:pk>/pue", carbon_api.site_pue, name="api-site-pue"),
+    path("api/v1/sites/<int:pk>/carbon-aware", carbon_api.site_carbon_aware, name="api-site-carbon-aware"),
     path("api/v1/devices", carbon_api.devices, name="api-devices"),
     path("api/v1/devices/<str:device_id>", carbon_api.device_detail, name="api-device"),
     path("api/v1/rollups", carbon_api.rollups, name="api-rollups"),
@@ -60,4 +62,8 @@ urlpatterns = [
         name="api-report-recalculate",
     ),
     path("api/v1/reports/<int:pk>/files/<str:fmt>", reports_api.report_file, name="api-report-file"),
+    path("api/v1/jobs", jobs_api.jobs, name="api-jobs"),
+    path("api/v1/jobs/<int:pk>", jobs_api.job_detail, name="api-job"),
+    path("api/v1/jobs/<int:pk>/outputs", jobs_api.job_outputs, name="api-job-outputs"),
+    path("api/v1/jobs/<int:pk>/retry", jobs_api.job_retry_view, name="api-job-retry"),
 ]

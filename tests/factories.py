@@ -11,3 +11,49 @@ class OrganizationFactory(factory.django.DjangoModelFactory):
 
     slug = factory.Sequence(lambda n: f"org-{n}")
     name = factory.LazyAttribute(lambda o: f"Organization {o.slug}")
+
+
+# -- deferred jobs tests: ledger rows written directly (a chain's hashes are not checked there) ---------
+
+
+class LedgerChainFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = "carbonledger.LedgerChain"
+
+    chain_id = factory.Sequence(lambda n: f"test-chain-{n}")
+
+
+class LedgerRequestFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = "carbonledger.LedgerRequest"
+
+    chain = factory.SubFactory(LedgerChainFactory)
+    seq = factory.Sequence(lambda n: n + 1)
+    prev_hash = "0" * 64
+    hash = factory.Sequence(lambda n: f"{n:064x}")
+    request_id = factory.Sequence(lambda n: f"t.req.{n}")
+    model = "linear"
+    version = "1"
+    batch_id = factory.Sequence(lambda n: f"t.batch.{n}")
+    device_id = "cpu-model"
+    received_ns = 1_800_000_000_000_000_000
+    started_ns = factory.LazyAttribute(lambda o: o.received_ns + 10)
+    finished_ns = factory.LazyAttribute(lambda o: o.started_ns + 2_000_000)
+    queue_ns = 10
+    compute_ns = 2_000_000
+    work_units = 256
+
+
+class LedgerRequestEnergyFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = "carbonledger.LedgerRequestEnergy"
+
+    chain = factory.SubFactory(LedgerChainFactory)
+    seq = factory.Sequence(lambda n: n + 1)
+    prev_hash = "0" * 64
+    hash = factory.Sequence(lambda n: f"{n:064x}")
+    request_id = factory.Sequence(lambda n: f"t.req.{n}")
+    interval_id = factory.Sequence(lambda n: f"t.interval.{n}")
+    batch_id = factory.Sequence(lambda n: f"t.batch.{n}")
+    energy_uj = 1_000_000
+    final = True

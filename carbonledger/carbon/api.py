@@ -384,6 +384,59 @@ def site_pue(request: Request, pk: int) -> Response:
     return Response(_site_json(site), status=status.HTTP_201_CREATED)
 
 
+class CarbonAwareSerializer(serializers.Serializer[Any]):
+    threshold_g_per_kwh = serializers.DecimalField(
+        max_digits=12, decimal_places=6, min_value=Decimal(0), required=False, allow_null=True, default=None
+    )
+    percentile = serializers.IntegerField(
+        min_value=1, max_value=99, required=False, allow_null=True, default=None
+    )
+
+
+def _signal_json(site: Site) -> dict[str, Any]:
+    from django.utils import timezone
+
+    from carbonledger.carbon.selectors import grid_signal
+
+    signal = grid_signal(site, timezone.now())
+    return {
+        "site": site.pk,
+        "zone": signal.zone,
+        "mode": signal.mode,
+        "intensity_g_per_kwh": signal.intensity_g_per_kwh,
+        "intensity_source": signal.intensity_source,
+        "threshold_g_per_kwh": signal.threshold_g_per_kwh,
+        "threshold_source": signal.threshold_source,
+        "site_threshold_g_per_kwh": site.carbon_threshold_g_per_kwh,
+        "site_percentile": site.carbon_threshold_percentile,
+    }
+
+
+@doc(
+    "Carbon-aware serving at a site: the grid now, the threshold and the mode; PUT sets the threshold",
+    request=CarbonAwareSerializer,
+)
+@api_view(["GET", "PUT"])
+@permission_classes(_PERMS)
+@parser_classes([JSONParser])
+def site_carbon_aware(request: Request, pk: int) -> Response:
+    site = Site.objects.filter(organization_id=_organization_id(request), pk=pk).first()
+    if site is None:
+        raise NotFound(f"no site {pk} in your organization")
+    if request.method == "PUT":
+        form = CarbonAwareSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            services.site_set_carbon_threshold(
+                site=site,
+                threshold_g_per_kwh=form.validated_data["threshold_g_per_kwh"],
+                percentile=form.validated_data["percentile"],
+            )
+        except ServiceError as exc:
+            raise _bad(exc) from None
+    return Response(_signal_json(site))
+
+
 class DeviceSerializer(serializers.Serializer[Any]):
     site = serializers.IntegerField(required=False)
     embodied_kg_co2e = serializers.DecimalField(

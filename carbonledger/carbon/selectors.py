@@ -420,3 +420,72 @@ def rollup_series(organization_id: int, start: datetime, end: datetime, step: st
         }
         for row in rows
     ]
+
+
+# -- carbon-aware serving ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GridSignal:
+    """The grid intensity of a site's zone now and the threshold above which serving leans to efficiency."""
+
+    zone: str
+    intensity_g_per_kwh: Decimal | None
+    intensity_source: str  # which figure: the hour's, the year's, or why none
+    threshold_g_per_kwh: Decimal | None
+    threshold_source: str
+
+    @property
+    def mode(self) -> str:
+        if self.intensity_g_per_kwh is None or self.threshold_g_per_kwh is None:
+            return "unknown"
+        return "efficiency" if self.intensity_g_per_kwh > self.threshold_g_per_kwh else "normal"
+
+
+def _percentile(values: list[Decimal], percent: int) -> Decimal:
+    """Nearest-rank percentile: the smallest value with at least ``percent`` % of the values at or below it."""
+    ordered = sorted(values)
+    rank = max(1, -(-percent * len(ordered) // 100))
+    return ordered[rank - 1]
+
+
+def grid_signal(site: Any, now: datetime) -> GridSignal:
+    """The site's carbon-aware state at ``now``: the intensity of the hour (else of the year, as the
+    inventory would choose it) and the site's threshold, or the percentile of the zone's last 30 days of
+    hourly figures (``carbon_threshold_percentile``, else ``CARBON_AWARE_PERCENTILE``)."""
+    hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    zone = site.zone
+    factors = factor_set([zone], site.organization_id, hour - timedelta(days=30), hour + timedelta(hours=1))
+    intensity: Decimal | None = None
+    try:
+        choice = co2e.select_factor(zone, hour, factors.candidates(zone, hour))
+    except (co2e.NoFactor, co2e.AmbiguousFactor) as exc:
+        intensity_source = f"no figure: {exc}"
+    else:
+        intensity = choice.factor.intensity_g_per_kwh
+        intensity_source = {
+            "hour": f"the hourly figure of {hour:%Y-%m-%d %H}:00 UTC",
+            "year": f"the annual figure of {hour.year} (no hourly figure for this hour)",
+        }.get(choice.match, f"the annual figure of {choice.factor.period_start.year} (nearest year)")
+    if site.carbon_threshold_g_per_kwh is not None:
+        threshold: Decimal | None = Decimal(site.carbon_threshold_g_per_kwh)
+        threshold_source = "the site's threshold"
+    else:
+        percent = site.carbon_threshold_percentile or settings.CARBON_AWARE_PERCENTILE
+        recent = [
+            f.intensity_g_per_kwh
+            for (z, start), f in factors.hourly.items()
+            if z == zone and hour - timedelta(days=30) <= start < hour
+        ]
+        if len(recent) >= 24:
+            threshold = _percentile(recent, percent)
+            threshold_source = (
+                f"the {percent}th percentile of {len(recent)} hourly figures of the last 30 days"
+            )
+        else:
+            threshold = None
+            threshold_source = (
+                f"unknown: {len(recent)} hourly figures in the last 30 days (24 needed for a percentile); "
+                "import an hourly series or set the site's threshold"
+            )
+    return GridSignal(zone, intensity, intensity_source, threshold, threshold_source)

@@ -418,6 +418,29 @@ def site_set_pue(
     return record
 
 
+def site_set_carbon_threshold(
+    *,
+    site: Site,
+    threshold_g_per_kwh: Decimal | str | float | None = None,
+    percentile: int | None = None,
+) -> Site:
+    """Set the intensity above which serving at the site leans to efficiency: a fixed threshold, or a
+    percentile of the zone's last 30 days of hourly figures; neither: ``CARBON_AWARE_PERCENTILE``."""
+    if threshold_g_per_kwh is not None and percentile is not None:
+        raise ServiceError("give either threshold_g_per_kwh or percentile, not both")
+    threshold = None
+    if threshold_g_per_kwh is not None:
+        threshold = _decimal(threshold_g_per_kwh, "threshold_g_per_kwh", (12, 6))
+        if threshold < 0:
+            raise ServiceError(f"threshold_g_per_kwh must be >= 0, got {threshold}")
+    if percentile is not None and (isinstance(percentile, bool) or not 1 <= percentile <= 99):
+        raise ServiceError(f"percentile must be an integer from 1 to 99, got {percentile!r}")
+    site.carbon_threshold_g_per_kwh = threshold
+    site.carbon_threshold_percentile = percentile
+    site.save(update_fields=["carbon_threshold_g_per_kwh", "carbon_threshold_percentile"])
+    return site
+
+
 def device_update(
     *,
     device: Device,

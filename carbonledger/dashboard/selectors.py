@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db.models import Avg, Count, Max, Q, Sum
 
-from carbonledger.carbon.selectors import rollup_series, rollup_totals
+from carbonledger.carbon.selectors import grid_signal, rollup_series, rollup_totals
 from carbonledger.models import ContractualInstrument, HourlyRollup, LedgerRequest, Site
 
 J_PER_KWH = 3.6e6
@@ -59,22 +59,23 @@ def last_traffic_ns(organization_id: int) -> int | None:
 
 
 def model_stats(organization_id: int) -> dict[str, Any]:
-    """Per model and version over the last hour of traffic: throughput, queue and compute latency, batch
-    sizes; J per inference per model over the last 30 days of rollups."""
+    """Per model, version and the variant that served it (fp32, int8...) over the last hour of traffic:
+    throughput, queue and compute latency, batch sizes; J per inference per model over the last 30 days of
+    rollups."""
     latest = last_traffic_ns(organization_id)
     if latest is None:
         return {"window_end": None, "models": [], "batch_sizes": {}, "energy": []}
     since = latest - 3600 * 10**9
     recent = LedgerRequest.objects.filter(organization_id=organization_id, received_ns__gt=since)
     models = list(
-        recent.values("model", "version")
+        recent.values("model", "version", "variant")
         .annotate(
             requests=Count("id"),
             queue_ms=Avg("queue_ns") / 1e6,
             compute_ms=Avg("compute_ns") / 1e6,
             max_queue_ms=Max("queue_ns") / 1e6,
         )
-        .order_by("model", "version")
+        .order_by("model", "version", "variant")
     )
     for m in models:
         m["per_second"] = m["requests"] / 3600
@@ -142,7 +143,8 @@ def device_timelines(organization_id: int, start: datetime, end: datetime) -> li
 
 
 def carbon_page(organization_id: int, start: datetime, end: datetime) -> dict[str, Any]:
-    """Intensity by site and hour (CO2e / facility energy of the rollups), Scope 2 both ways by site."""
+    """Intensity by site and hour (CO2e / facility energy of the rollups), Scope 2 both ways by site, and the
+    carbon-aware mode of each of the organization's sites now (the same selector the gateway reads)."""
     sites = {s.pk: s for s in Site.objects.filter(organization_id=organization_id)}
     rows = (
         HourlyRollup.objects.filter(organization_id=organization_id, hour__gte=start, hour__lt=end)
@@ -172,7 +174,10 @@ def carbon_page(organization_id: int, start: datetime, end: datetime) -> dict[st
             entry["hours"].append(row["hour"].astimezone(UTC).strftime("%d %Hh"))
             entry["intensity"].append(float(row["location"]) / facility_kwh)
     instruments = list(ContractualInstrument.objects.filter(organization_id=organization_id))
+    now = datetime.now(UTC)
+    signals = [(site, grid_signal(site, now)) for site in sorted(sites.values(), key=lambda s: s.name)]
     return {
+        "signals": signals,
         "sites": list(by_site.values()),
         "instruments": instruments,
         "totals": rollup_totals(organization_id, start, end),

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pypdf
@@ -41,6 +42,8 @@ from carbonledger.models import (
 )
 from carbonledger.services import ServiceError, api_key_create, organization_create, user_create
 from carbonledger.synthetic_ledger import generate_ledger
+from jobs import services as jobs_services
+from jobs.models import Job
 from reports.models import Report, ReportFile, ReportingProfile
 from reports.services import report_generate, report_request
 
@@ -97,6 +100,15 @@ class World:
     a_lab_device_id: str
     a_instrument_id: str
     a_private_source: str
+    a_job_id: int
+
+
+DEMO_REPOSITORY = Path(__file__).resolve().parents[2] / "inference" / "demo_repository"
+JOB_LINE = (
+    b'{"inputs": [{"name": "x", "shape": [1, 256], "datatype": "FP32", "data": ['
+    + b",".join([b"0.5"] * 256)
+    + b"]}]}\n"
+)
 
 
 def _tenant(slug: str, name: str, *, requests: int, end: datetime, seed: int) -> Tenant:
@@ -134,7 +146,8 @@ def _private_factors(start: datetime, hours: int) -> bytes:
 
 
 @pytest.fixture
-def world() -> World:
+def world(settings: Any) -> World:
+    settings.MODEL_REPOSITORY = DEMO_REPOSITORY  # jobs name a model of the repository
     carbon.load_shipped_factors()
     end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     start = end - timedelta(days=1)
@@ -200,6 +213,14 @@ def world() -> World:
     assert done is not None and done.status == Report.Status.DONE, done and done.failure_reason
     assert set(done.files.values_list("format", flat=True)) == set(ReportFile.FORMATS)
     hashes = list(LedgerRequest.objects.filter(organization=org).values_list("hash", flat=True)[:3])
+    job = jobs_services.job_submit(
+        organization=org,
+        data=JOB_LINE,
+        model="linear",
+        deadline=datetime.now(UTC) + timedelta(hours=2),
+        input_name="alpha-secret-job.jsonl",
+        submitted_by="alpha job submitter",
+    )
     a.identifiers = [
         A_SLUG,
         "Alpha Tenant Holdings",
@@ -223,6 +244,9 @@ def world() -> World:
         a.username,
         f"/api/v1/reports/{done.pk}/",
         done.inputs_sha256,
+        "alpha-secret-job.jsonl",
+        "alpha job submitter",
+        f"/api/v1/jobs/{job.pk}/",
     ]
     return World(
         a=a,
@@ -235,6 +259,7 @@ def world() -> World:
         a_lab_device_id=lab_device.device_id,
         a_instrument_id=instrument.instrument_id,
         a_private_source=private_source,
+        a_job_id=job.pk,
     )
 
 
@@ -325,11 +350,15 @@ def _a_params(world: World) -> dict[str, list[dict[str, Any]]]:
         "api-key-revoke": [{"prefix": world.a.key_prefix}],
         "api-factor-import": [{"pk": world.a_import_id}],
         "api-site-pue": [{"pk": pk} for pk in world.a.site_ids],
+        "api-site-carbon-aware": [{"pk": pk} for pk in world.a.site_ids],
         "api-device": [{"device_id": d} for d in world.a.device_ids],
         "api-report": [report],
         "api-report-retry": [report],
         "api-report-recalculate": [report],
         "api-report-file": [{**report, "fmt": fmt} for fmt in ReportFile.FORMATS],
+        "api-job": [{"pk": world.a_job_id}],
+        "api-job-outputs": [{"pk": world.a_job_id}],
+        "api-job-retry": [{"pk": world.a_job_id}],
     }
 
 
@@ -375,6 +404,10 @@ def _write_bodies(world: World, caller: Tenant) -> dict[str, Callable[[], list[t
         "api-site-pue": lambda: [
             ({"pue": "1.9", "source": "declared", "valid_from": "2025-01-01T00:00:00Z"}, "json")
         ],
+        "api-site-carbon-aware": lambda: [
+            ({"threshold_g_per_kwh": "1"}, "json"),
+            ({"percentile": 5}, "json"),
+        ],
         "api-devices": lambda: [({}, "json")],
         "api-device": lambda: [
             ({"site": own_site, "embodied_kg_co2e": "999", "lifetime_years": "1"}, "json"),
@@ -385,6 +418,17 @@ def _write_bodies(world: World, caller: Tenant) -> dict[str, Callable[[], list[t
         ],
         "api-report-retry": lambda: [({}, "json")],
         "api-report-recalculate": lambda: [({"reason": "walked by another organization"}, "json")],
+        "api-jobs": lambda: [
+            (
+                {
+                    "file": SimpleUploadedFile(f"walk-{next(_serial)}.jsonl", JOB_LINE),
+                    "model": "linear",
+                    "deadline": (datetime.now(UTC) + timedelta(hours=2)).isoformat(),
+                },
+                "multipart",
+            )
+        ],
+        "api-job-retry": lambda: [({}, "json")],
         "dashboard-reports": lambda: [
             ({"start": (today - timedelta(days=5)).isoformat(), "end": today.isoformat()}, None)
         ],
@@ -520,7 +564,11 @@ def _fingerprint(world: World) -> dict[str, Any]:
                 "device_id", "site_id", "embodied_kg_co2e", "lifetime_years"
             )
         ),
-        "sites": sorted(Site.objects.filter(organization=org).values_list("pk", "name", "pue")),
+        "sites": sorted(
+            Site.objects.filter(organization=org).values_list(
+                "pk", "name", "pue", "carbon_threshold_g_per_kwh", "carbon_threshold_percentile"
+            )
+        ),
         "pue_records": sorted(
             PueRecord.objects.filter(site_id__in=world.a.site_ids).values_list("pk", flat=True)
         ),
@@ -529,6 +577,9 @@ def _fingerprint(world: World) -> dict[str, Any]:
         "mixes": ResidualMix.objects.filter(organization=org).count(),
         "imports": FactorImport.objects.filter(organization=org).count(),
         "requests": LedgerRequest.objects.filter(organization=org).count(),
+        "jobs": sorted(
+            Job.objects.filter(organization=org).values_list("pk", "status", "planned_start", "attempts")
+        ),
     }
 
 
@@ -584,11 +635,15 @@ def test_the_walker_finds_and_can_fill_every_url_pattern_of_the_project() -> Non
         "api-key-revoke",
         "api-factor-import",
         "api-site-pue",
+        "api-site-carbon-aware",
         "api-device",
         "api-report",
         "api-report-retry",
         "api-report-recalculate",
         "api-report-file",
+        "api-job",
+        "api-job-outputs",
+        "api-job-retry",
     }
     unfillable = [r.route for r in routes if r.params and r.name not in fillable]
     assert unfillable == [], f"new parameterised routes the walker cannot fill: {unfillable}"
@@ -600,11 +655,14 @@ def test_the_walker_finds_and_can_fill_every_url_pattern_of_the_project() -> Non
         "api-instruments",
         "api-sites",
         "api-site-pue",
+        "api-site-carbon-aware",
         "api-devices",
         "api-device",
         "api-reports",
         "api-report-retry",
         "api-report-recalculate",
+        "api-jobs",
+        "api-job-retry",
     }
     no_body = [
         f"{m} {r.route}" for r in routes if r.area == "api" for m in r.writes if r.name not in with_bodies

@@ -148,3 +148,10 @@ def test_logout_and_password_change(org: Organization) -> None:
     assert client.get("/dashboard/").status_code == 302
     assert Client().login(username="vera", password="another-long-pass-77")
     assert not Client().login(username="vera", password=PASSWORD)
+
+
+def test_the_models_page_shows_which_variant_served_the_traffic(org: Organization) -> None:
+    client = _login(org, "viewer")
+    html = client.get("/dashboard/models").content.decode()
+    assert "Served by variant" in html
+    assert "<td>fp32</td>" in html and "<td>int8</td>" in html
