@@ -224,7 +224,8 @@ JOBS_REQUEST_TIMEOUT_S = env_float("JOBS_REQUEST_TIMEOUT_S", 60.0, minimum=0.1)
 JOBS_REQUEST_ATTEMPTS = env_int("JOBS_REQUEST_ATTEMPTS", 3, minimum=1)
 JOBS_DISPATCH_GRACE_S = env_float("JOBS_DISPATCH_GRACE_S", 30.0, minimum=0.0)
 JOBS_RUNNING_STALE_S = env_float("JOBS_RUNNING_STALE_S", 900.0, minimum=60.0)
-GATEWAY_URL = env_str("GATEWAY_URL", "http://127.0.0.1:8000").rstrip("/")
+# By default the gateway `make run` starts: scripts/run.sh serves on 127.0.0.1:$PORT (8000 unless set).
+GATEWAY_URL = env_str("GATEWAY_URL", f"http://127.0.0.1:{env_int('PORT', 8000, minimum=1)}").rstrip("/")
 if GATEWAY_URL.split("://", 1)[0] not in {"http", "https"} or "://" not in GATEWAY_URL:
     from django.core.exceptions import ImproperlyConfigured
 
