@@ -109,6 +109,7 @@ class Target:
     rows: int
     wait_ns: int
     reason: str
+    state: str = "waiting"  # learning, off, no_fixed_cost, not_worth_waiting or waiting (a /metrics label)
 
 
 class EfficiencyPlanner:
@@ -138,7 +139,7 @@ class EfficiencyPlanner:
         self._decayed_rows = 0.0
         self._last_arrival_ns: int | None = None
         self._decided_at: int | None = None
-        self._target = Target(1, 0, "learning")
+        self._target = Target(1, 0, "learning", "learning")
 
     # -- what the planner learns from ------------------------------------------------------------
 
@@ -183,6 +184,9 @@ class EfficiencyPlanner:
         if p99 > slo:
             self.safety = max(SAFETY_MIN, self.safety * SAFETY_DOWN)
             self._decided_at = None  # decide again now
+            # Judge the next step on latencies served after this one: the misses still in the window would
+            # otherwise shrink the wait again and again (measured: down to the floor after a single spike).
+            self._latencies.clear()
         elif p99 < COMFORTABLE * slo:
             self.safety = min(SAFETY_MAX, self.safety * SAFETY_UP)
 
@@ -229,15 +233,15 @@ class EfficiencyPlanner:
     def _decide(self, now_ns: int) -> Target:
         knob = self.knob()
         if knob <= 0:
-            return Target(1, 0, "knob at 0: Triton's rules")
+            return Target(1, 0, "knob at 0: Triton's rules", "off")
         times, energy, basis = self._cost()
         if times is None or energy is None:
-            return Target(1, 0, "learning: too few batches of different sizes")
+            return Target(1, 0, "learning: too few batches of different sizes", "learning")
         rate = self._rate_at(now_ns)
         t0, t1 = times
         e0, e1 = energy
         if e0 <= 0:
-            return Target(1, 0, f"{basis}: no fixed cost per batch, waiting saves nothing")
+            return Target(1, 0, f"{basis}: no fixed cost per batch, waiting saves nothing", "no_fixed_cost")
         slo = self.settings.latency_slo_ns
         allowed = knob * self.safety
         best_rows, best_wait, best_j = 1, 0, e0 + e1
@@ -254,13 +258,17 @@ class EfficiencyPlanner:
                 best_rows, best_wait, best_j = rows, int(wait), per_row
         single = e0 + e1
         if best_rows == 1 or best_j > single * (1 - MIN_SAVING):
-            return Target(1, 0, f"{basis}: waiting would not pay at {rate * 1e9:.0f} rows/s")
+            return Target(
+                1, 0, f"{basis}: waiting would not pay at {rate * 1e9:.0f} rows/s", "not_worth_waiting"
+            )
         # The longest the oldest request may wait: the expected fill time with a margin for arrival noise,
         # never past the share of the headroom the knob allows.
         run_ns = max(0.0, t0 + t1 * best_rows)
         wait_cap = int(allowed * (slo - run_ns))
         wait_ns = min(wait_cap, int(best_wait * 1.5) + 1)
-        return Target(best_rows, max(0, wait_ns), f"{basis}: {best_rows} rows within {wait_ns / 1e6:.2f} ms")
+        return Target(
+            best_rows, max(0, wait_ns), f"{basis}: {best_rows} rows within {wait_ns / 1e6:.2f} ms", "waiting"
+        )
 
 
 _METRICS = (
@@ -274,6 +282,7 @@ _METRICS = (
     ("carbonledger_latency_safety", "the share of the objective's headroom the planner may spend now"),
     ("carbonledger_arrival_rows_per_second", "the arrival rate the planner estimates"),
     ("carbonledger_latency_p99_seconds", "the p99 latency over the planner's recent window"),
+    ("carbonledger_batch_planner_state", "1 for the planner's current state (the label)"),
 )
 
 
@@ -287,10 +296,12 @@ def prometheus_lines(entries: list[tuple[str, str, EfficiencyPlanner]]) -> list[
         return []
     lines: list[str] = []
     values = []
+    states: list[tuple[str, str]] = []
     for model, version, planner in entries:
         target = planner._target
         p99 = planner.p99_ns()
         labels = f'model="{_label(model)}",version="{_label(version)}"'
+        states.append((labels, target.state))
         values.append(
             (
                 labels,
@@ -308,5 +319,8 @@ def prometheus_lines(entries: list[tuple[str, str, EfficiencyPlanner]]) -> list[
     for metric, help_text in _METRICS:
         lines.append(f"# HELP {metric} {help_text}")
         lines.append(f"# TYPE {metric} gauge")
+        if metric == "carbonledger_batch_planner_state":
+            lines.extend(f'{metric}{{{labels},state="{state}"}} 1' for labels, state in states)
+            continue
         lines.extend(f"{metric}{{{labels}}} {numbers[metric]:g}" for labels, numbers in values)
     return lines

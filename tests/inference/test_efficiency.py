@@ -307,10 +307,22 @@ def test_a_missed_objective_shrinks_the_wait_and_a_comfortable_one_lets_it_grow_
     assert recovered.wait_ns > missed.wait_ns
 
 
+def test_one_spike_lowers_the_safety_factor_once_not_down_to_the_floor() -> None:
+    now = 20 * S
+    planner = _learnt_planner(now)
+    before = planner.safety
+    planner.batch_done(8, 30 * MS, [40 * MS] * 32)  # one slow batch: a spike
+    after_spike = planner.safety
+    for _ in range(8):  # then normal service, 10 ms against 25
+        planner.batch_done(8, 3 * MS, [10 * MS] * 32)
+    assert after_spike < before
+    assert planner.safety >= after_spike  # the spike counted once, then recovery
+
+
 def test_a_planner_that_has_seen_nothing_leaves_triton_s_rules_in_charge() -> None:
     planner = EfficiencyPlanner(EfficiencySettings(1.0, 25 * MS), 32)
     target = planner.target(10 * S)
-    assert target.rows == 1 and target.reason.startswith("learning")
+    assert target.rows == 1 and target.reason.startswith("learning") and target.state == "learning"
 
 
 # -- the planner's parts ---------------------------------------------------------------------------

@@ -502,5 +502,6 @@ def test_metrics_show_the_energy_efficiency_knob_and_what_its_planner_decided(
     assert f"carbonledger_latency_slo_seconds{{{labels}}} 0.05" in text
     assert f"carbonledger_batch_target_rows{{{labels}}} " in text
     assert "# TYPE carbonledger_arrival_rows_per_second gauge" in text
+    assert f'carbonledger_batch_planner_state{{{labels},state="learning"}} 1' in text
     p99 = next(line for line in text.splitlines() if line.startswith("carbonledger_latency_p99_seconds"))
     assert float(p99.rsplit(" ", 1)[1]) > 0
