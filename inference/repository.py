@@ -33,12 +33,15 @@ from inference.efficiency import EfficiencySettings
 from inference.errors import BackendError, InferenceError, ModelNotReady, NotFound
 from inference.stats import ModelStats
 from inference.variants import (
+    MAX_LABEL,
     GridState,
     Variant,
     VariantPolicy,
     accuracy_floor,
+    check_variant_parameters,
     compatible,
     declared_accuracy,
+    high_load_rows,
     variant_label,
 )
 
@@ -150,10 +153,12 @@ class ModelVersion:
         self.output_specs = {t.name: t for t in spec.outputs}
         self.variant = variant_label(spec)
         self.variant_policy: VariantPolicy | None = None
-        self.variant_backends: dict[str, Backend] = {}  # variant model -> the backend that runs it
+        # Variant model -> its backends, one per instance of this model: each instance thread runs its own,
+        # never another model's (backends are used by one thread only).
+        self.variant_backends: dict[str, list[Backend]] = {}
 
     def runner(
-        self, backend: Backend
+        self, backend: Backend, index: int = 0
     ) -> Callable[[list[Pending]], tuple[Sequence[Any], tuple[int, int, int]]]:
         import time
 
@@ -170,9 +175,9 @@ class ModelVersion:
             policy = self.variant_policy
             if policy is not None:
                 choice = policy.choose(self.batcher.queued_rows if self.batcher is not None else 0)
-                stand_in = self.variant_backends.get(choice.variant.model)
-                if stand_in is not None:
-                    execute, label = stand_in.execute, choice.variant.label
+                stand_ins = self.variant_backends.get(choice.variant.model)
+                if stand_ins is not None and index < len(stand_ins):
+                    execute, label = stand_ins[index].execute, choice.variant.label
             for p in batch:
                 p.variant = label
             if len(batch) == 1:
@@ -322,7 +327,7 @@ class ModelRepository:
         try:
             spec = load_config(model_dir)
             batch_policy(spec, self.options.adaptive_delay)  # validates model-level parameters
-            accuracy_floor(spec)
+            check_variant_parameters(spec)
         except (ConfigError, ValueError) as exc:
             return ModelEntry(model_dir.name, None, str(exc))
         except Exception as exc:  # a config the schema accepts but we trip on must not stop the others
@@ -349,62 +354,76 @@ class ModelRepository:
     def _link_variants(self) -> None:
         """Give each base model that sets ``accuracy_floor`` its policy over the variants standing in for it."""
         for entry in self.models.values():
-            spec = entry.spec
-            if spec is None or not entry.ready_versions:
-                continue
-            floor = accuracy_floor(spec)
-            if floor is None:
-                continue
-            base_accuracy = declared_accuracy(spec)
-            if base_accuracy is None:
-                log.warning(
-                    "model %s: accuracy_floor is set but its own 'accuracy' is not; no variants", spec.name
-                )
-                continue
-            eligible: list[tuple[Variant, Backend]] = []
-            for other in self.models.values():
-                ospec = other.spec
-                if (
-                    ospec is None
-                    or other is entry
-                    or ospec.parameters.get("variant_of", "").strip() != spec.name
-                ):
-                    continue
-                accuracy = declared_accuracy(ospec)
-                why = "it is not ready" if not other.ready_versions else compatible(spec, ospec)
-                if not why and accuracy is None:
-                    why = "it declares no accuracy"
-                if not why and accuracy is not None and accuracy < floor * base_accuracy:
-                    why = f"its accuracy {accuracy:.4f} is below the floor {floor} x {base_accuracy:.4f}"
-                if why:
-                    log.info("model %s: variant %s not used: %s", spec.name, ospec.name, why)
-                    continue
-                assert accuracy is not None
-                variant = Variant(ospec.name, variant_label(ospec) or ospec.name, accuracy)
-                eligible.append((variant, other.ready_versions[-1].backends[0]))
-            order = [m.strip() for m in spec.parameters.get("variants", "").split(",") if m.strip()]
-            eligible.sort(
-                key=lambda vb: (
-                    order.index(vb[0].model) if vb[0].model in order else len(order),
-                    vb[0].accuracy,
-                )
+            try:
+                self._link_variants_of(entry)
+            except Exception:  # one model's variants must not stop the others from serving
+                log.exception("model %s: variants not linked; it serves as itself", entry.name)
+
+    def _variant_backends(self, base: ModelVersion, variant: ModelVersion) -> list[Backend]:
+        """One backend of ``variant`` per instance of ``base``, built for it and closed with it."""
+        made: list[Backend] = []
+        try:
+            for i in range(len(base.backends)):
+                made.append(create_backend(variant.spec, variant.version, variant.path, i, self.options))
+        except Exception:
+            for b in made:
+                with contextlib.suppress(Exception):
+                    b.close()
+            raise
+        return made
+
+    def _link_variants_of(self, entry: ModelEntry) -> None:
+        spec = entry.spec
+        if spec is None or not entry.ready_versions:
+            return
+        floor = accuracy_floor(spec)
+        if floor is None:
+            return
+        base_accuracy = declared_accuracy(spec)
+        if base_accuracy is None:
+            log.warning(
+                "model %s: accuracy_floor is set but its own 'accuracy' is not; no variants", spec.name
             )
-            base = Variant(spec.name, variant_label(spec) or spec.name, base_accuracy)
-            high_load = int(spec.parameters.get("variant_high_load_rows", "0") or 0) or spec.max_batch_size
-            for mv in entry.ready_versions:
-                mv.variant = base.label
-                mv.variant_backends = {v.model: b for v, b in eligible}
-                mv.variant_policy = VariantPolicy(
-                    base,
-                    [v for v, _ in eligible],
-                    high_load,
-                    self.grid,
-                    carbon_aware=self.options.carbon_aware,
-                )
+            return
+        eligible: list[tuple[Variant, ModelVersion]] = []
+        for other in self.models.values():
+            ospec = other.spec
+            if ospec is None or other is entry or ospec.parameters.get("variant_of", "").strip() != spec.name:
+                continue
+            accuracy = declared_accuracy(ospec)
+            why = "it is not ready" if not other.ready_versions else compatible(spec, ospec)
+            if not why and accuracy is None:
+                why = "it declares no accuracy"
+            if not why and accuracy is not None and accuracy < floor * base_accuracy:
+                why = f"its accuracy {accuracy:.4f} is below the floor {floor} x {base_accuracy:.4f}"
+            if why or accuracy is None:
+                log.info("model %s: variant %s not used: %s", spec.name, ospec.name, why)
+                continue
+            variant = Variant(ospec.name, variant_label(ospec) or ospec.name[:MAX_LABEL], accuracy)
+            eligible.append((variant, other.ready_versions[-1]))
+        order = [m.strip() for m in spec.parameters.get("variants", "").split(",") if m.strip()]
+        eligible.sort(
+            key=lambda vm: (order.index(vm[0].model) if vm[0].model in order else len(order), vm[0].accuracy)
+        )
+        base = Variant(spec.name, variant_label(spec) or spec.name[:MAX_LABEL], base_accuracy)
+        for mv in entry.ready_versions:
+            usable: list[Variant] = []
+            for variant, vmv in eligible:
+                try:
+                    mv.variant_backends[variant.model] = self._variant_backends(mv, vmv)
+                except Exception as exc:
+                    log.warning("model %s: variant %s not loaded for it: %s", spec.name, vmv.spec.name, exc)
+                    continue
+                usable.append(variant)
+            mv.variant = base.label
+            mv.variant_policy = VariantPolicy(
+                base, usable, high_load_rows(spec), self.grid, carbon_aware=self.options.carbon_aware
+            )
             log.info(
-                "model %s: variants %s within the accuracy floor %s",
+                "model %s version %s: variants %s within the accuracy floor %s",
                 spec.name,
-                ", ".join(v.label for v, _ in eligible) or "none",
+                mv.version,
+                ", ".join(v.label for v in usable) or "none",
                 floor,
             )
 
@@ -429,7 +448,7 @@ class ModelRepository:
         mv.batcher = DynamicBatcher(
             f"{spec.name}/{mv.version}",
             batch_policy(spec, self.options.adaptive_delay),
-            lambda i: mv.runner(backends[i]),
+            lambda i: mv.runner(backends[i], i),
             self._deliver,
             instances=len(backends),
             hooks=hooks,
@@ -440,11 +459,14 @@ class ModelRepository:
         mv.ready = True
 
     def stop(self) -> None:
+        # Every batcher first: a base model's instances run batches on backends of its variants.
         for entry in self.models.values():
             for mv in entry.versions.values():
                 if mv.batcher is not None:
                     mv.batcher.stop()
-                for b in mv.backends:
+        for entry in self.models.values():
+            for mv in entry.versions.values():
+                for b in [*mv.backends, *(b for bs in mv.variant_backends.values() for b in bs)]:
                     try:
                         b.close()
                     except Exception:

@@ -27,6 +27,11 @@ class GridState:
     to efficiency. Set from outside (the Django side reads the hourly series and the site's threshold); read
     by the batcher's planner and the variant policy. Unknown until set: then nothing changes."""
 
+    def snapshot(self) -> tuple[bool, float | None, float | None]:
+        """(high, intensity, threshold), consistent with one another."""
+        with self._lock:
+            return self.high, self.intensity_g_per_kwh, self.threshold_g_per_kwh
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.intensity_g_per_kwh: float | None = None
@@ -65,6 +70,35 @@ class Variant:
 
 def variant_label(spec: ModelSpec) -> str:
     return spec.parameters.get("variant", "").strip()
+
+
+MAX_LABEL = 64  # the ledger's variant column
+
+
+def check_variant_parameters(spec: ModelSpec) -> None:
+    """Refuse, naming the model, variant parameters that would fail later (raises ValueError)."""
+    label = variant_label(spec)
+    if len(label) > MAX_LABEL:
+        raise ValueError(f"model '{spec.name}': parameter 'variant' is longer than {MAX_LABEL} characters")
+    accuracy_floor(spec)
+    high_load_rows(spec)
+
+
+def high_load_rows(spec: ModelSpec) -> int:
+    """``variant_high_load_rows``: queued rows from which the cheaper variant serves (default max_batch_size)."""
+    raw = spec.parameters.get("variant_high_load_rows", "").strip()
+    if not raw:
+        return max(1, spec.max_batch_size)
+    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
+        raise ValueError(
+            f"model '{spec.name}': parameter 'variant_high_load_rows' must be a whole number >= 1, got {raw!r}"
+        )
+    return int(raw)
+
+
+def instance_kinds(spec: ModelSpec) -> tuple[str, ...]:
+    groups = spec.config_dict.get("instance_group") or [{}]
+    return tuple(sorted(str(g.get("kind", "KIND_AUTO")) for g in groups))
 
 
 def accuracy_floor(spec: ModelSpec) -> float | None:
@@ -107,6 +141,9 @@ def compatible(base: ModelSpec, other: ModelSpec) -> str:
 
     if shape(base) != shape(other):
         return "its inputs or outputs differ"
+    if instance_kinds(base) != instance_kinds(other):
+        # Its batches would be metered as the base model's device's.
+        return f"it runs on {instance_kinds(other)}, not on {instance_kinds(base)} like the base model"
     if other.max_batch_size < base.max_batch_size:
         return f"its max_batch_size {other.max_batch_size} is below {base.max_batch_size}"
     return ""
@@ -149,11 +186,10 @@ class VariantPolicy:
         if queued_rows >= self.high_load_rows:
             return Choice(self.eligible[0], f"high load: {queued_rows} rows queued")
         grid = self.grid
-        if self.carbon_aware and grid is not None and grid.high:
-            return Choice(
-                self.eligible[0],
-                f"carbon-aware: {grid.intensity_g_per_kwh:.0f} g/kWh above {grid.threshold_g_per_kwh:.0f}",
-            )
+        if self.carbon_aware and grid is not None:
+            high, intensity, threshold = grid.snapshot()
+            if high:
+                return Choice(self.eligible[0], f"carbon-aware: {intensity} g/kWh above {threshold}")
         return Choice(self.base, "moderate load, grid not above its threshold")
 
 
@@ -183,3 +219,7 @@ def prometheus_lines(grid: GridState, policies: list[tuple[str, VariantPolicy]])
                     f'carbonledger_variant_batches_total{{model="{model}",variant="{label}"}} {count}'
                 )
     return lines
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -262,38 +262,46 @@ def _send(job: Job, attempt: int, raw_key: str) -> str:
     queue = iter(todo)
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"job-{job.pk}") as pool:
-            # At most two requests per worker in flight: a failure stops the rest from being sent.
-            for line in queue:
-                pending.add(pool.submit(call, line))
-                if len(pending) >= 2 * workers:
-                    break
-            while pending:
-                done, pending = wait(pending, timeout=_FLUSH_INTERVAL_S, return_when=FIRST_COMPLETED)
-                for future in done:
-                    line, answer = future.result()
-                    if answer is None:
-                        continue
-                    if answer.ok:
-                        buffer.append(
-                            JobOutput(
-                                job_id=job.pk,
-                                index=line.index,
-                                line=line.line,
-                                ledger_id=_ledger_id(answer),
-                                response=answer.body.decode("utf-8", "replace"),
-                                answered_at=timezone.now(),
+            try:
+                # At most two requests per worker in flight: a failure stops the rest from being sent.
+                for line in queue:
+                    pending.add(pool.submit(call, line))
+                    if len(pending) >= 2 * workers:
+                        break
+                while pending:
+                    done, pending = wait(pending, timeout=_FLUSH_INTERVAL_S, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        line, answer = future.result()
+                        if answer is None:
+                            continue
+                        if answer.ok:
+                            buffer.append(
+                                JobOutput(
+                                    job_id=job.pk,
+                                    index=line.index,
+                                    line=line.line,
+                                    ledger_id=_ledger_id(answer),
+                                    response=answer.body.decode("utf-8", "replace"),
+                                    answered_at=timezone.now(),
+                                )
                             )
-                        )
-                    elif not failure:
-                        failure = _failure(line, answer)
-                        stop.set()
-                    if not stop.is_set():
-                        nxt = next(queue, None)
-                        if nxt is not None:
-                            pending.add(pool.submit(call, nxt))
-                if len(buffer) >= _FLUSH_EVERY or time.monotonic() - last_flush >= _FLUSH_INTERVAL_S:
-                    flush()
-            flush()
+                        elif not failure:
+                            failure = _failure(line, answer)
+                            stop.set()
+                        if not stop.is_set():
+                            nxt = next(queue, None)
+                            if nxt is not None:
+                                pending.add(pool.submit(call, nxt))
+                    if len(buffer) >= _FLUSH_EVERY or time.monotonic() - last_flush >= _FLUSH_INTERVAL_S:
+                        flush()
+                flush()
+            except BaseException:
+                # The run lost the job (or failed): nothing queued is sent any more; only requests already
+                # on the wire finish, and their answers are not stored.
+                stop.set()
+                for future in pending:
+                    future.cancel()
+                raise
     finally:
         client.close()
     return failure

@@ -75,6 +75,7 @@ class Report(models.Model):
     attempts = models.IntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)  # the running worker's last sign of life
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

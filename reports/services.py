@@ -132,9 +132,17 @@ def report_retry(*, report: Report) -> Report:
     return report
 
 
-def _progress(report_id: int) -> ReportProgress:
+class _LostClaim(Exception):
+    """The report was queued again (its worker looked lost) while this run went on: this run stops."""
+
+
+def _progress(report_id: int, attempt: int) -> ReportProgress:
     def update(percent: int, message: str) -> None:
-        Report.objects.filter(pk=report_id).update(progress=percent, progress_message=message[:200])
+        # The heartbeat tells reports_recover this run is alive; only this run's claim may move it.
+        if not Report.objects.filter(pk=report_id, status=Report.Status.RUNNING, attempts=attempt).update(
+            progress=percent, progress_message=message[:200], heartbeat_at=timezone.now()
+        ):
+            raise _LostClaim(f"report {report_id} is no longer claimed by attempt {attempt}")
 
     return update
 
@@ -145,6 +153,7 @@ def report_generate(report_id: int) -> Report | None:
     claimed = Report.objects.filter(pk=report_id, status=Report.Status.QUEUED).update(
         status=Report.Status.RUNNING,
         started_at=timezone.now(),
+        heartbeat_at=timezone.now(),
         attempts=F("attempts") + 1,
         progress=5,
         progress_message="started",
@@ -152,20 +161,33 @@ def report_generate(report_id: int) -> Report | None:
     report = Report.objects.select_related("organization").filter(pk=report_id).first()
     if report is None or not claimed:
         return report
-    progress = _progress(report.pk)
+    attempt = report.attempts
+    progress = _progress(report.pk, attempt)
     try:
         snapshot = build_snapshot(report, progress)
         progress(70, "rendering CSV and JSON")
         files = {"csv": render_csv(snapshot), "json": render_json(snapshot)}
         progress(80, "rendering the PDF")
         files["pdf"] = html_to_pdf(render_html(snapshot))
+    except _LostClaim:
+        log.warning("report %s: attempt %s lost its claim; its results are dropped", report.pk, attempt)
+        report.refresh_from_db()
+        return report
     except ReportFailure as exc:
-        return _fail(report, str(exc))
+        return _fail(report, str(exc), attempt)
     except Exception as exc:
         log.exception("report %s failed", report.pk)
-        return _fail(report, f"unexpected error: {type(exc).__name__}: {exc}")
+        return _fail(report, f"unexpected error: {type(exc).__name__}: {exc}", attempt)
     stem = f"ghg-report-{report.organization.slug}-{report.period_start}-{report.period_end}-r{report.pk}"
     with transaction.atomic():
+        # Only while this run still holds the claim: a run queued again meanwhile owns the report now.
+        claimed_still = Report.objects.filter(
+            pk=report.pk, status=Report.Status.RUNNING, attempts=attempt
+        ).select_for_update()
+        if not claimed_still.exists():
+            log.warning("report %s: attempt %s lost its claim; its files are dropped", report.pk, attempt)
+            report.refresh_from_db()
+            return report
         ReportFile.objects.filter(report=report).delete()
         for fmt, content in files.items():
             ReportFile.objects.create(
@@ -176,7 +198,7 @@ def report_generate(report_id: int) -> Report | None:
                 size=len(content),
                 content=content,
             )
-        Report.objects.filter(pk=report.pk).update(
+        Report.objects.filter(pk=report.pk, status=Report.Status.RUNNING, attempts=attempt).update(
             status=Report.Status.DONE,
             snapshot=snapshot,
             inputs_sha256=snapshot["inputs_sha256"],
@@ -189,8 +211,8 @@ def report_generate(report_id: int) -> Report | None:
     return report
 
 
-def _fail(report: Report, reason: str) -> Report:
-    Report.objects.filter(pk=report.pk).update(
+def _fail(report: Report, reason: str, attempt: int) -> Report:
+    Report.objects.filter(pk=report.pk, status=Report.Status.RUNNING, attempts=attempt).update(
         status=Report.Status.FAILED,
         failure_reason=reason,
         progress_message="failed",
@@ -210,7 +232,8 @@ def reports_recover(*, now: datetime | None = None) -> list[int]:
     running_before = at - timedelta(seconds=settings.REPORT_RUNNING_STALE_S)
     queued_before = at - timedelta(seconds=settings.REPORT_QUEUED_STALE_S)
     sent: list[int] = []
-    for report in Report.objects.filter(status=Report.Status.RUNNING, started_at__lt=running_before):
+    silent = Q(heartbeat_at__lt=running_before) | Q(heartbeat_at__isnull=True, started_at__lt=running_before)
+    for report in Report.objects.filter(silent, status=Report.Status.RUNNING):
         if report.attempts >= settings.REPORT_MAX_ATTEMPTS:
             Report.objects.filter(pk=report.pk, status=Report.Status.RUNNING).update(
                 status=Report.Status.FAILED,
@@ -220,9 +243,7 @@ def reports_recover(*, now: datetime | None = None) -> list[int]:
                 finished_at=at,
             )
             continue
-        if Report.objects.filter(
-            pk=report.pk, status=Report.Status.RUNNING, started_at=report.started_at
-        ).update(
+        if Report.objects.filter(pk=report.pk, status=Report.Status.RUNNING, attempts=report.attempts).update(
             status=Report.Status.QUEUED, progress=0, progress_message="queued again: its worker was lost"
         ):
             sent.append(report.pk)

@@ -151,3 +151,25 @@ def test_the_dashboard_carbon_page_shows_each_site_s_mode() -> None:
     assert "Carbon-aware serving now" in html
     assert 'class="mode-efficiency">efficiency' in html
     assert "the site&#x27;s threshold" in html
+
+
+def test_an_operator_sets_the_gateway_site_s_threshold_with_a_command(settings) -> None:  # type: ignore[no-untyped-def]
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    carbon.load_shipped_factors()
+    settings.SITE_ZONE = "FR"
+    out = StringIO()
+    call_command("carbon_threshold", "--threshold", "5", stdout=out)
+    site = default_site()
+    assert site.organization_id is None and site.carbon_threshold_g_per_kwh == Decimal(5)
+    assert "mode efficiency" in out.getvalue() and "the site's threshold" in out.getvalue()
+    call_command("carbon_threshold", "--clear", stdout=StringIO())
+    site.refresh_from_db()
+    assert site.carbon_threshold_g_per_kwh is None and site.carbon_threshold_percentile is None
+    with pytest.raises(CommandError, match="from 1 to 99"):
+        call_command("carbon_threshold", "--percentile", "0", stdout=StringIO())
+    with pytest.raises(CommandError, match="no site with id 999999"):
+        call_command("carbon_threshold", "--site", "999999", stdout=StringIO())

@@ -3,6 +3,7 @@ raises the batcher's knob (carbon-aware mode); responses, metrics and the ledger
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from inference.config import load_config
 from inference.efficiency import EfficiencyPlanner, EfficiencySettings
 from inference.gateway import Gateway
 from inference.repository import GatewayOptions
-from inference.variants import GridState, Variant, VariantPolicy, accuracy_floor
+from inference.variants import GridState, Variant, VariantPolicy, accuracy_floor, compatible
 from tests.inference.test_gateway_http import post_json, static_resolver, url
 from tests.support.models import DEMO
 from tests.support.servers import serve_asgi
@@ -199,3 +200,61 @@ def test_a_model_with_an_objective_gets_a_planner_that_waits_only_while_the_grid
         gw.repository.grid.update(500.0, 200.0, "x")
         assert batcher.planner.knob() == 1.0
     assert load_config(root / "linear").parameters["latency_slo_ms"] == "50"
+
+
+def test_each_instance_of_the_base_runs_its_own_copy_of_the_variant(gateway: tuple[Gateway, str]) -> None:
+    gw, _ = gateway
+    base = gw.repository.version("digits", None)
+    variant = gw.repository.version("digits_int8", None)
+    copies = base.variant_backends["digits_int8"]
+    assert len(copies) == len(base.backends)
+    assert not {id(b) for b in copies} & {id(b) for b in variant.backends}  # never another model's backend
+
+
+@pytest.mark.parametrize(
+    ("parameter", "value", "message"),
+    [
+        ("variant_high_load_rows", "lots", "'variant_high_load_rows' must be a whole number"),
+        ("variant_high_load_rows", "0", "'variant_high_load_rows' must be a whole number"),
+        ("variant", "x" * 65, "'variant' is longer than 64"),
+    ],
+)
+def test_bad_variant_parameters_keep_that_model_unloaded_and_the_others_serving(
+    tmp_path: Path, parameter: str, value: str, message: str
+) -> None:
+    root = digits_repository(tmp_path / "models")
+    config = root / "digits" / "config.pbtxt"
+    config.write_text(
+        config.read_text() + f'parameters: {{ key: "{parameter}" value: {{ string_value: "{value}" }} }}\n'
+    )
+    gw = Gateway(root, GatewayOptions(), static_resolver)
+    with serve_asgi(gw):
+        entry = gw.repository.entry("digits")
+        assert entry.ready_versions == [] and message in entry.reason
+        assert gw.repository.version("digits_int8", None).ready
+
+
+def test_a_variant_on_another_kind_of_device_is_not_used(tmp_path: Path) -> None:
+    root = digits_repository(tmp_path / "models")
+    config = root / "digits_int8" / "config.pbtxt"
+    config.write_text(config.read_text().replace("count: 1", "count: 2"))  # still CPU: usable
+    gw = Gateway(root, GatewayOptions(), static_resolver)
+    with serve_asgi(gw):
+        policy = gw.repository.version("digits", None).variant_policy
+        assert policy is not None and [v.model for v in policy.eligible] == ["digits_int8"]
+    base = load_config(root / "digits")
+    int8 = load_config(root / "digits_int8")
+    assert compatible(base, int8) == ""
+    on_gpu = dataclasses.replace(
+        int8, config_dict={**int8.config_dict, "instance_group": [{"count": 1, "kind": "KIND_GPU"}]}
+    )
+    assert "runs on ('KIND_GPU',)" in compatible(base, on_gpu)
+
+
+def test_a_grid_that_becomes_unknown_mid_choice_never_fails_a_batch() -> None:
+    grid = GridState()
+    policy = VariantPolicy(FP32, [INT8], high_load_rows=64, grid=grid)
+    grid.update(500.0, 100.0, "x")
+    assert policy.choose(0).variant == INT8
+    grid.update(None, 100.0, "no figure this hour")
+    assert policy.choose(0).variant == FP32

@@ -255,3 +255,41 @@ def test_the_generate_report_command_sends_nothing_to_the_broker(
     report = Report.objects.get(organization=org)
     assert (report.status, report.attempts) == (Report.Status.DONE, 1)
     assert f"report {report.pk}: inputs sha256" in out.getvalue()
+
+
+def test_a_long_report_whose_worker_keeps_reporting_progress_is_not_taken_from_it(
+    org: Organization, sent: list[int]
+) -> None:
+    busy = _report(
+        org,
+        JAN,
+        status=Report.Status.RUNNING,
+        started_at=_stale(settings.REPORT_RUNNING_STALE_S * 3),
+        heartbeat_at=timezone.now(),
+        attempts=1,
+    )
+    assert reports_recover(now=timezone.now()) == []
+    busy.refresh_from_db()
+    assert busy.status == Report.Status.RUNNING and sent == []
+
+
+def test_a_run_that_lost_its_claim_changes_nothing_of_the_run_that_took_over(
+    org: Organization, sent: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reports import services
+
+    report = _report(org, JAN)
+    real = services.build_snapshot
+
+    def taken_over_midway(report_: Report, progress: Any) -> dict[str, Any]:
+        # While this (first) run works, recovery hands the report to a second attempt, which finishes first.
+        snapshot = real(report_, progress)
+        Report.objects.filter(pk=report_.pk).update(
+            attempts=2, status=Report.Status.FAILED, failure_reason="x"
+        )
+        return snapshot
+
+    monkeypatch.setattr(services, "build_snapshot", taken_over_midway)
+    result = report_generate(report.pk)
+    assert result is not None
+    assert (result.status, result.failure_reason, result.files.count()) == (Report.Status.FAILED, "x", 0)
