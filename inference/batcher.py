@@ -400,10 +400,15 @@ class DynamicBatcher:
             if target.rows > 1:
                 if rows >= target.rows or now - oldest >= target.wait_ns:
                     return count, None
-                if policy.adaptive_delay and self._queued >= peak:
-                    return count, None  # nobody else can send: waiting costs latency and saves nothing
+                # Nobody else can send once everything that was in flight at once in the previous window is
+                # queued (a closed loop): waiting longer costs latency and saves nothing. The previous window
+                # only: under open load the current peak is the growing queue itself, and comparing with it
+                # would cut every wait short (measured: latency bursts with no larger batches).
+                settled_peak = self._peak_prev
+                if policy.adaptive_delay and settled_peak and self._queued >= settled_peak:
+                    return count, None
                 self._wake_rows = target.rows
-                self._wake_count = peak if policy.adaptive_delay else 1 << 62
+                self._wake_count = settled_peak if policy.adaptive_delay and settled_peak else 1 << 62
                 self._wake_sig = sig
                 return 0, oldest + target.wait_ns - now
         if now - oldest >= policy.max_queue_delay_ns:

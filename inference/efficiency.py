@@ -38,7 +38,7 @@ MIN_OBSERVATIONS = 8
 FORGET = 0.995
 # The p99 window, and how the safety factor moves: down fast on a miss, up slowly when comfortable.
 LATENCY_WINDOW = 256
-SAFETY_MIN, SAFETY_MAX = 0.05, 1.0
+SAFETY_MIN, SAFETY_MAX = 0.05, 0.9  # never the whole headroom: arrivals are random
 SAFETY_DOWN, SAFETY_UP = 0.7, 1.05
 COMFORTABLE = 0.8  # p99 below this share of the objective lets the safety factor grow
 RATE_HALF_LIFE_NS = 1_000_000_000  # the arrival rate follows a load step within a few seconds
@@ -244,10 +244,17 @@ class EfficiencyPlanner:
             return Target(1, 0, f"{basis}: no fixed cost per batch, waiting saves nothing", "no_fixed_cost")
         slo = self.settings.latency_slo_ns
         allowed = knob * self.safety
-        best_rows, best_wait, best_j = 1, 0, e0 + e1
-        for rows in range(2, self.max_batch_size + 1):
+        # The batch the load forms anyway, without waiting: what arrives while one batch runs. Waiting must
+        # beat that, not a batch of one.
+        natural = 1
+        if rate > 0:
+            natural = max(1, min(self.max_batch_size, int(1 + rate * max(0.0, t0 + t1))))
+        best_rows, best_wait, best_j = natural, 0, (e0 + e1 * natural) / natural
+        baseline = best_j
+        for rows in range(natural + 1, self.max_batch_size + 1):
             run_ns = max(0.0, t0 + t1 * rows)
-            headroom = slo - run_ns
+            # A request may also wait behind the batch before it: two batch times come off the objective.
+            headroom = slo - 2 * run_ns
             if headroom <= 0:
                 break
             wait = (rows - 1) / rate if rate > 0 else math.inf
@@ -256,15 +263,14 @@ class EfficiencyPlanner:
             per_row = (e0 + e1 * rows) / rows
             if per_row < best_j:
                 best_rows, best_wait, best_j = rows, int(wait), per_row
-        single = e0 + e1
-        if best_rows == 1 or best_j > single * (1 - MIN_SAVING):
+        if best_rows == natural or best_j > baseline * (1 - MIN_SAVING):
             return Target(
                 1, 0, f"{basis}: waiting would not pay at {rate * 1e9:.0f} rows/s", "not_worth_waiting"
             )
         # The longest the oldest request may wait: the expected fill time with a margin for arrival noise,
         # never past the share of the headroom the knob allows.
         run_ns = max(0.0, t0 + t1 * best_rows)
-        wait_cap = int(allowed * (slo - run_ns))
+        wait_cap = int(allowed * (slo - 2 * run_ns))
         wait_ns = min(wait_cap, int(best_wait * 1.5) + 1)
         return Target(
             best_rows, max(0, wait_ns), f"{basis}: {best_rows} rows within {wait_ns / 1e6:.2f} ms", "waiting"
