@@ -34,6 +34,7 @@ from carbonledger.models import (
 )
 from carbonledger.services import ServiceError, api_key_create, user_create
 from tests.factories import OrganizationFactory
+from tests.support.ledger import one_request_records
 
 # Not transactional: the on-commit hooks (Celery recomputes) never fire unless a test captures them.
 pytestmark = pytest.mark.django_db
@@ -88,46 +89,7 @@ def _request(org: Organization, device: Device, at: datetime, energy_uj: int = K
     """Append one batch with one request of ``org`` and its whole energy part to the ledger."""
     n = next(_ids)
     t = int(at.timestamp()) * 1_000_000_000
-    append_records(
-        "fixes",
-        [
-            {
-                "k": "batch",
-                "batch_id": f"f.b{n}",
-                "model": "digits",
-                "version": "1",
-                "device_id": device.device_id,
-                "instance": 0,
-                "start_ns": t,
-                "end_ns": t + 1000,
-                "requests": 1,
-                "rows": 1,
-            },
-            {
-                "k": "req",
-                "request_id": f"f.r{n}",
-                "organization_id": org.pk,
-                "model": "digits",
-                "version": "1",
-                "batch_id": f"f.b{n}",
-                "device_id": device.device_id,
-                "received_ns": t,
-                "started_ns": t,
-                "finished_ns": t + 1000,
-                "queue_ns": 0,
-                "compute_ns": 1000,
-                "work_units": 4,
-            },
-            {
-                "k": "energy",
-                "request_id": f"f.r{n}",
-                "interval_id": f"f.i{n}",
-                "batch_id": f"f.b{n}",
-                "energy_uj": energy_uj,
-                "final": True,
-            },
-        ],
-    )
+    append_records("fixes", one_request_records("f", n, org.pk, device.device_id, t, energy_uj))
 
 
 def _row(org: Organization, at: datetime, site: Site | None = None) -> HourlyRollup:

@@ -25,6 +25,7 @@ from carbonledger.models import (
 from carbonledger.services import ledger_adjust
 from carbonledger.synthetic_ledger import generate_ledger
 from tests.factories import OrganizationFactory
+from tests.support.ledger import one_request_records
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -65,46 +66,7 @@ def _request(org_id: int | None, device: Device, at: datetime, energy_uj: int, m
     n = next(_ids)
     t = int(at.timestamp() * 1e9)
     request_id = f"h.r{n}"
-    append_records(
-        "hand",
-        [
-            {
-                "k": "batch",
-                "batch_id": f"h.b{n}",
-                "model": model,
-                "version": "1",
-                "device_id": device.device_id,
-                "instance": 0,
-                "start_ns": t,
-                "end_ns": t + 1000,
-                "requests": 1,
-                "rows": 1,
-            },
-            {
-                "k": "req",
-                "request_id": request_id,
-                "organization_id": org_id,
-                "model": model,
-                "version": "1",
-                "batch_id": f"h.b{n}",
-                "device_id": device.device_id,
-                "received_ns": t,
-                "started_ns": t,
-                "finished_ns": t + 1000,
-                "queue_ns": 0,
-                "compute_ns": 1000,
-                "work_units": 4,
-            },
-            {
-                "k": "energy",
-                "request_id": request_id,
-                "interval_id": f"h.i{n}",
-                "batch_id": f"h.b{n}",
-                "energy_uj": energy_uj,
-                "final": True,
-            },
-        ],
-    )
+    append_records("hand", one_request_records("h", n, org_id, device.device_id, t, energy_uj, model))
     return request_id
 
 

@@ -21,6 +21,7 @@ from reports import tasks
 from reports.models import Report
 from reports.services import report_generate, report_recalculate, report_request, reports_recover
 from tests.factories import OrganizationFactory
+from tests.support.ledger import one_request_records
 
 # Not transactional: the on-commit hooks (report generation sent to the broker) never fire unless captured.
 pytestmark = pytest.mark.django_db
@@ -43,44 +44,7 @@ def org() -> Organization:
     )
     t = int(datetime(2025, 1, 10, 9, tzinfo=UTC).timestamp()) * 1_000_000_000
     append_records(
-        "recovery-test",
-        [
-            {
-                "k": "batch",
-                "batch_id": "rec-b1",
-                "model": "digits",
-                "version": "1",
-                "device_id": device.device_id,
-                "instance": 0,
-                "start_ns": t,
-                "end_ns": t + 1000,
-                "requests": 1,
-                "rows": 1,
-            },
-            {
-                "k": "req",
-                "request_id": "rec-r1",
-                "organization_id": org.pk,
-                "model": "digits",
-                "version": "1",
-                "batch_id": "rec-b1",
-                "device_id": device.device_id,
-                "received_ns": t,
-                "started_ns": t,
-                "finished_ns": t + 1000,
-                "queue_ns": 0,
-                "compute_ns": 1000,
-                "work_units": 4,
-            },
-            {
-                "k": "energy",
-                "request_id": "rec-r1",
-                "interval_id": "rec-i1",
-                "batch_id": "rec-b1",
-                "energy_uj": 3_600_000_000_000,
-                "final": True,
-            },
-        ],
+        "recovery-test", one_request_records("rec", 1, org.pk, device.device_id, t, 3_600_000_000_000)
     )
     rollups_update()
     return org

@@ -31,6 +31,7 @@ from reports.services import (
     reports_monthly,
 )
 from tests.factories import OrganizationFactory
+from tests.support.ledger import one_request_records
 
 pytestmark = pytest.mark.django_db
 
@@ -48,46 +49,7 @@ TOTAL_T = ((FR_G + VA_G).quantize(Decimal("0.001"))).scaleb(-6)
 def _request(org: Organization, device: Device, at: datetime, energy_uj: int, model: str) -> None:
     n = next(_ids)
     t = int(at.timestamp() * 1e9)
-    append_records(
-        "report-test",
-        [
-            {
-                "k": "batch",
-                "batch_id": f"rb{n}",
-                "model": model,
-                "version": "1",
-                "device_id": device.device_id,
-                "instance": 0,
-                "start_ns": t,
-                "end_ns": t + 1000,
-                "requests": 1,
-                "rows": 1,
-            },
-            {
-                "k": "req",
-                "request_id": f"rr{n}",
-                "organization_id": org.pk,
-                "model": model,
-                "version": "1",
-                "batch_id": f"rb{n}",
-                "device_id": device.device_id,
-                "received_ns": t,
-                "started_ns": t,
-                "finished_ns": t + 1000,
-                "queue_ns": 0,
-                "compute_ns": 1000,
-                "work_units": 4,
-            },
-            {
-                "k": "energy",
-                "request_id": f"rr{n}",
-                "interval_id": f"ri{n}",
-                "batch_id": f"rb{n}",
-                "energy_uj": energy_uj,
-                "final": True,
-            },
-        ],
-    )
+    append_records("report-test", one_request_records("r", n, org.pk, device.device_id, t, energy_uj, model))
 
 
 @pytest.fixture

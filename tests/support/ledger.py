@@ -108,3 +108,54 @@ def lines_for_batch(
             }
         )
     return [orjson.dumps(r) + b"\n" for r in records], request_ids
+
+
+def one_request_records(
+    prefix: str,
+    n: int,
+    organization_id: int | None,
+    device_id: str,
+    t_ns: int,
+    energy_uj: int,
+    model: str = "digits",
+) -> list[dict[str, object]]:
+    """One batch holding one request, and the request's whole (final) energy part, starting at ``t_ns``:
+    spool-shaped records for ``append_records``. Ids are ``{prefix}.b{n}``, ``.r{n}`` and ``.i{n}``."""
+    batch_id, request_id = f"{prefix}.b{n}", f"{prefix}.r{n}"
+    return [
+        {
+            "k": "batch",
+            "batch_id": batch_id,
+            "model": model,
+            "version": "1",
+            "device_id": device_id,
+            "instance": 0,
+            "start_ns": t_ns,
+            "end_ns": t_ns + 1000,
+            "requests": 1,
+            "rows": 1,
+        },
+        {
+            "k": "req",
+            "request_id": request_id,
+            "organization_id": organization_id,
+            "model": model,
+            "version": "1",
+            "batch_id": batch_id,
+            "device_id": device_id,
+            "received_ns": t_ns,
+            "started_ns": t_ns,
+            "finished_ns": t_ns + 1000,
+            "queue_ns": 0,
+            "compute_ns": 1000,
+            "work_units": 4,
+        },
+        {
+            "k": "energy",
+            "request_id": request_id,
+            "interval_id": f"{prefix}.i{n}",
+            "batch_id": batch_id,
+            "energy_uj": energy_uj,
+            "final": True,
+        },
+    ]
