@@ -11,14 +11,12 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
-import pytest
 import redis
 import requests
 
@@ -26,25 +24,13 @@ from tests.jobs.conftest import infer_line
 from tests.support.gateway_process import (
     REPO_ROOT,
     GatewayProcess,
-    fresh_postgres_database,
     gateway_env,
     manage,
-    postgres_url_from_env,
     prepare_gateway,
 )
 from tests.support.models import linear_reference
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-@pytest.fixture
-def database_url(tmp_path: Path) -> Iterator[str]:
-    admin = postgres_url_from_env()
-    if admin is None:
-        yield f"sqlite:///{tmp_path / 'e2e.sqlite3'}"
-    else:
-        with fresh_postgres_database(admin) as url:
-            yield url
 
 
 def _poll(get: Any, done: Any, timeout_s: float) -> dict[str, Any]:

@@ -11,36 +11,21 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pypdf
-import pytest
 import redis
 import requests
 
 from tests.support.gateway_process import (
     REPO_ROOT,
     GatewayProcess,
-    fresh_postgres_database,
     gateway_env,
     manage,
-    postgres_url_from_env,
     prepare_gateway,
 )
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-@pytest.fixture
-def database_url(tmp_path: Path) -> Iterator[str]:
-    """A fresh PostgreSQL database when the suite runs on PostgreSQL, else an SQLite file."""
-    admin = postgres_url_from_env()
-    if admin is None:
-        yield f"sqlite:///{tmp_path / 'e2e.sqlite3'}"
-    else:
-        with fresh_postgres_database(admin) as url:
-            yield url
 
 
 def test_a_report_requested_over_the_api_is_made_by_a_celery_worker_on_redis(
