@@ -326,6 +326,10 @@ def prepare_gateway(work: Path, knob: float, args: argparse.Namespace) -> Gatewa
         CARBON_AWARE="false",
         METER_INTERVAL_S=f"{args.meter_interval:g}",
         PYTHONUNBUFFERED="1",
+        # As `make run` serves (scripts/run.sh): without it OpenBLAS starts a worker thread per core and, for
+        # matrices as large as a batch of ~24 `linear` rows, hands it half of each product; the worker then
+        # spins between calls (measured: a second thread at 100 % of a core at 1,200 req/s).
+        OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"),
     )
     env.update(args.env_map)
     manage(env, "migrate", "--noinput")
@@ -1081,6 +1085,7 @@ def run(args: argparse.Namespace) -> int:
         meta["gateway_env"] = {
             "CARBON_AWARE": "false",
             "METER_INTERVAL_S": f"{args.meter_interval:g}",
+            "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1"),
             "METERS": "auto (default)",
             **args.env_map,
         }
