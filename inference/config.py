@@ -7,6 +7,7 @@ No hand-written parser: ``tritonclient.grpc.model_config_pb2.ModelConfig`` and
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,21 @@ _INT64_TYPES = {
 
 class ConfigError(ValueError):
     """A config.pbtxt that cannot be used; the message names the file and what is wrong."""
+
+
+def parameter_number(spec: Any, key: str) -> float | None:
+    """A finite number from the model's ``parameters``; None when absent or empty. Raises ConfigError naming
+    the model and the parameter."""
+    raw = spec.parameters.get(key)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"model '{spec.name}': parameter '{key}' must be a number, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"model '{spec.name}': parameter '{key}' must be finite, got {raw!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+from inference.stats import prometheus_label
 from inference.variants import GridState
 
 # Waiting must lower the modelled energy per inference by at least this fraction to be worth its latency.
@@ -292,10 +293,6 @@ _METRICS = (
 )
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def prometheus_lines(entries: list[tuple[str, str, EfficiencyPlanner]]) -> list[str]:
     """The planners' state in Prometheus text format, one series per (model, version)."""
     if not entries:
@@ -306,7 +303,7 @@ def prometheus_lines(entries: list[tuple[str, str, EfficiencyPlanner]]) -> list[
     for model, version, planner in entries:
         target = planner._target
         p99 = planner.p99_ns()
-        labels = f'model="{_label(model)}",version="{_label(version)}"'
+        labels = f'model="{prometheus_label(model)}",version="{prometheus_label(version)}"'
         states.append((labels, target.state))
         values.append(
             (

@@ -386,6 +386,7 @@ class _BatchHook:
         wall = rec.wall
         started, finished = wall(timing.start_ns), wall(timing.end_ns)
         device_id = self.device.device_id
+        rows = sum(p.rows for p in batch)
         lines = [
             orjson.dumps(
                 {
@@ -398,7 +399,7 @@ class _BatchHook:
                     "start_ns": started,
                     "end_ns": finished,
                     "requests": len(batch),
-                    "rows": sum(p.rows for p in batch),
+                    "rows": rows,
                     "status": status,
                     "variant": batch[0].variant if batch else "",
                 }
@@ -447,7 +448,7 @@ class _BatchHook:
         with rec._batch_end_lock:
             rec._batch_end[batch_id] = timing.end_ns
             if planner is not None and error is None:
-                rec._planned[batch_id] = (planner, sum(p.rows for p in batch), 0)
+                rec._planned[batch_id] = (planner, rows, 0)
         self.device.accountant.add_batch(
             BatchRecord(batch_id, timing.start_ns, timing.end_ns, work, spec.name, self.mv.version)
         )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from inference.batcher import (
     Pending,
     QueuePolicy,
 )
-from inference.config import ConfigError, ModelSpec, config_json_bytes, load_config
+from inference.config import ConfigError, ModelSpec, config_json_bytes, load_config, parameter_number
 from inference.efficiency import EfficiencySettings
 from inference.errors import BackendError, InferenceError, ModelNotReady, NotFound
 from inference.stats import ModelStats
@@ -73,22 +72,8 @@ class HasInputs(Protocol):
 def efficiency_settings(spec: ModelSpec) -> EfficiencySettings:
     """``energy_efficiency`` (0..1) and ``latency_slo_ms`` from the model's ``parameters``."""
 
-    def number(key: str) -> float | None:
-        raw = spec.parameters.get(key)
-        if raw is None or not raw.strip():
-            return None
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(
-                f"model '{spec.name}': parameter '{key}' must be a number, got {raw!r}"
-            ) from None
-        if not math.isfinite(value):
-            raise ConfigError(f"model '{spec.name}': parameter '{key}' must be finite, got {raw!r}")
-        return value
-
-    knob = number("energy_efficiency")
-    slo_ms = number("latency_slo_ms")
+    knob = parameter_number(spec, "energy_efficiency")
+    slo_ms = parameter_number(spec, "latency_slo_ms")
     if knob is None and slo_ms is None:
         return EfficiencySettings()
     if slo_ms is not None and slo_ms <= 0:

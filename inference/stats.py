@@ -150,7 +150,8 @@ _METRICS = (
 )
 
 
-def _label(value: str) -> str:
+def prometheus_label(value: str) -> str:
+    """A label value escaped for the Prometheus text format."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
@@ -162,7 +163,7 @@ def prometheus_text(entries: list[tuple[ModelStats, int]], extra: list[str] | No
         with stats._lock:
             snapshots.append(
                 (
-                    f'model="{_label(stats.name)}",version="{_label(stats.version)}"',
+                    f'model="{prometheus_label(stats.name)}",version="{prometheus_label(stats.version)}"',
                     {
                         "nv_inference_request_success": stats.success.count,
                         "nv_inference_count": stats.inference_count,

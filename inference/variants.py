@@ -19,7 +19,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from inference.config import ModelSpec
+from inference.config import ConfigError, ModelSpec, parameter_number
+from inference.stats import prometheus_label
 
 
 class GridState:
@@ -103,18 +104,11 @@ def instance_kinds(spec: ModelSpec) -> tuple[str, ...]:
 
 def accuracy_floor(spec: ModelSpec) -> float | None:
     """The base model's ``accuracy_floor`` (a share of its own accuracy, in (0, 1]); None: no variants."""
-    raw = spec.parameters.get("accuracy_floor")
-    if raw is None or not raw.strip():
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(
-            f"model '{spec.name}': parameter 'accuracy_floor' must be a number, got {raw!r}"
-        ) from None
-    if not 0.0 < value <= 1.0:
-        raise ValueError(
-            f"model '{spec.name}': parameter 'accuracy_floor' must be in (0, 1] (a share of its accuracy), got {raw!r}"
+    value = parameter_number(spec, "accuracy_floor")
+    if value is not None and not 0.0 < value <= 1.0:
+        raise ConfigError(
+            f"model '{spec.name}': parameter 'accuracy_floor' must be in (0, 1] (a share of its accuracy), "
+            f"got {spec.parameters['accuracy_floor']!r}"
         )
     return value
 
@@ -215,11 +209,6 @@ def prometheus_lines(grid: GridState, policies: list[tuple[str, VariantPolicy]])
         lines.append("# TYPE carbonledger_variant_batches_total counter")
         for model, policy in policies:
             for label, count in sorted(policy.served.items()):
-                lines.append(
-                    f'carbonledger_variant_batches_total{{model="{model}",variant="{label}"}} {count}'
-                )
+                labels = f'model="{prometheus_label(model)}",variant="{prometheus_label(label)}"'
+                lines.append(f"carbonledger_variant_batches_total{{{labels}}} {count}")
     return lines
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
