@@ -14,7 +14,7 @@ from typing import Any
 from django.db.models import Count, Max, Q, Sum
 
 from carbonledger import co2e
-from carbonledger.carbon.selectors import PueHistory, factor_set
+from carbonledger.carbon.selectors import PueHistory, factor_owners, factor_set
 from carbonledger.intensity_providers import IntensityProvider
 from carbonledger.models import (
     Device,
@@ -69,13 +69,6 @@ def answered_indices(job_id: int) -> set[int]:
 # -- the intensity outlook a plan is chosen from ------------------------------------------------------
 
 
-def _owners(organization_id: int | None) -> Q:
-    owners = Q(factor_import__organization__isnull=True)
-    if organization_id is not None:
-        owners |= Q(factor_import__organization_id=organization_id)
-    return owners
-
-
 @dataclass(frozen=True)
 class Outlook:
     hours: dict[datetime, planning.HourOutlook]
@@ -113,7 +106,7 @@ def intensity_outlook(
             break
     factors = factor_set([zone], organization_id, first_hour, end)
     last_covered = (
-        EmissionFactor.objects.filter(_owners(organization_id), zone=zone, granularity="hour")
+        EmissionFactor.objects.filter(factor_owners(organization_id), zone=zone, granularity="hour")
         .filter(factor_import__status=FactorImport.Status.ACCEPTED)
         .aggregate(last=Max("period_start"))["last"]
     )
@@ -260,49 +253,35 @@ def job_emissions(job: Job) -> dict[str, Any]:
             return Decimal(site.pue), Decimal(0)
         return Decimal(record.pue), Decimal(record.relative_uncertainty)
 
+    def consumption(site: Site, hour: datetime, energy_uj: int, meter: Decimal) -> co2e.Consumption:
+        factor_pue, pue_unc = pue_at(site, hour)
+        return co2e.Consumption(
+            site_id=str(site.pk),
+            zone=site.zone,
+            start=hour,
+            end=hour + planning.HOUR,
+            energy_j=Decimal(energy_uj).scaleb(-6),
+            pue=factor_pue,
+            pue_relative_uncertainty=pue_unc,
+            meter_relative_uncertainty=meter,
+            scope_category=site.scope_category,  # type: ignore[arg-type]
+            tag=f"{site.pk}",
+        )
+
     consumptions: list[co2e.Consumption] = []
     energy_by_site: dict[int, int] = defaultdict(int)
     for (site_id, hour, meter), energy_uj in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        site = sites[site_id]
-        factor_pue, pue_unc = pue_at(site, hour)
         energy_by_site[site_id] += energy_uj
         if energy_uj < 0:
             return {
                 "status": "not available",
                 "reason": f"negative energy after adjustments ({energy_uj} µJ)",
             }
-        consumptions.append(
-            co2e.Consumption(
-                site_id=str(site.pk),
-                zone=site.zone,
-                start=hour,
-                end=hour + planning.HOUR,
-                energy_j=Decimal(energy_uj).scaleb(-6),
-                pue=factor_pue,
-                pue_relative_uncertainty=pue_unc,
-                meter_relative_uncertainty=meter,
-                scope_category=site.scope_category,  # type: ignore[arg-type]
-                tag=f"{site.pk}",
-            )
-        )
-    counterfactual_consumptions = []
-    for site_id, energy_uj in sorted(energy_by_site.items()):
-        site = sites[site_id]
-        factor_pue, pue_unc = pue_at(site, submission_hour)
-        counterfactual_consumptions.append(
-            co2e.Consumption(
-                site_id=str(site.pk),
-                zone=site.zone,
-                start=submission_hour,
-                end=submission_hour + planning.HOUR,
-                energy_j=Decimal(energy_uj).scaleb(-6),
-                pue=factor_pue,
-                pue_relative_uncertainty=pue_unc,
-                meter_relative_uncertainty=Decimal(0),
-                scope_category=site.scope_category,  # type: ignore[arg-type]
-                tag=f"{site.pk}",
-            )
-        )
+        consumptions.append(consumption(sites[site_id], hour, energy_uj, meter))
+    counterfactual_consumptions = [
+        consumption(sites[site_id], submission_hour, energy_uj, Decimal(0))
+        for site_id, energy_uj in sorted(energy_by_site.items())
+    ]
     hours = [c.start for c in consumptions] + [submission_hour]
     factors = factor_set(
         {s.zone for s in sites.values()}, job.organization_id, min(hours), max(hours) + planning.HOUR

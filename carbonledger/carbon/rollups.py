@@ -476,14 +476,7 @@ def recompute_carbon(
             qs = qs.filter(hour__lt=end)
         rows = list(qs)
         _carbon(rows)
-        narrowed = site_id is not None or zone is not None or start is not None
-        firsts: dict[int | None, datetime] = {}
-        for row in rows:
-            hour = row.hour.astimezone(UTC)
-            if row.organization_id not in firsts or hour < firsts[row.organization_id]:
-                firsts[row.organization_id] = hour
-        for org, first in firsts.items():
-            market_recompute(org, first if narrowed else None)
+        _market(rows)
     return len(rows)
 
 

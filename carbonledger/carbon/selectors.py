@@ -66,6 +66,14 @@ _FACTOR_FIELDS = (
 )
 
 
+def factor_owners(organization_id: int | None) -> Q:
+    """The factor records ``organization_id`` may use: shared imports and its own private ones."""
+    owners = Q(factor_import__organization__isnull=True)
+    if organization_id is not None:
+        owners |= Q(factor_import__organization_id=organization_id)
+    return owners
+
+
 def factor_set(
     zones: Iterable[str],
     organization_id: int | None,
@@ -74,9 +82,7 @@ def factor_set(
 ) -> FactorSet:
     """Annual factors of ``zones`` and their hourly factors in [start, end) (all hours when open)."""
     zone_list = sorted(set(zones))
-    owners = Q(factor_import__organization__isnull=True)
-    if organization_id is not None:
-        owners |= Q(factor_import__organization_id=organization_id)
+    owners = factor_owners(organization_id)
     hourly = Q(granularity="hour")
     if start is not None:
         hourly &= Q(period_start__gte=start)

@@ -20,6 +20,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from carbonledger import co2e
+from carbonledger.carbon.selectors import factor_owners
 from carbonledger.intensity_csv import IntensityImportError, IntensityRow, parse_intensity_bytes
 from carbonledger.intensity_providers import IntensityProvider, load_provider
 from carbonledger.models import (
@@ -71,11 +72,10 @@ def _queue_recompute(
 def known_zones(organization: Organization | None = None) -> set[str]:
     """Zones ``organization`` may name: zones with a shared factor or one of its own imports, plus the
     zones of its own and of unowned sites. Another organization's private imports and sites stay private."""
-    owners = Q(factor_import__organization__isnull=True)
     sites = Q(organization__isnull=True)
     if organization is not None:
-        owners |= Q(factor_import__organization=organization)
         sites |= Q(organization=organization)
+    owners = factor_owners(None if organization is None else organization.pk)
     zones = set(EmissionFactor.objects.filter(owners).values_list("zone", flat=True).distinct())
     zones.update(Site.objects.filter(sites).values_list("zone", flat=True))
     return zones
