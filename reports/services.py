@@ -8,7 +8,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from carbonledger.models import HourlyRollup, Organization
@@ -23,18 +23,30 @@ log = logging.getLogger(__name__)
 ACTIVE = (Report.Status.QUEUED, Report.Status.RUNNING)
 
 
-def _queue(report: Report) -> None:
+def _send(report_id: int) -> None:
     from reports.tasks import generate_report
 
+    try:
+        generate_report.delay(report_id)
+    except Exception:  # the broker is down: the report stays queued and reports_recover sends it again
+        log.exception("report %s could not be sent to the broker; it will be sent again", report_id)
+
+
+def _queue(report: Report) -> None:
     report_id = report.pk
+    transaction.on_commit(lambda: _send(report_id))
 
-    def send() -> None:
-        try:
-            generate_report.delay(report_id)
-        except Exception:  # the broker is down: the report stays queued and reports_recover re-sends it
-            log.exception("report %s could not be sent to the broker; it will be sent again", report_id)
 
-    transaction.on_commit(send)
+def _active(organization: Organization, start: date, end: date) -> QuerySet[Report]:
+    """The queued or running report of an organization and period (at most one: a partial unique index)."""
+    return Report.objects.filter(
+        organization=organization, period_start=start, period_end=end, status__in=ACTIVE
+    )
+
+
+def _claimed(report_id: int, attempt: int) -> QuerySet[Report]:
+    """The report while run ``attempt`` still holds it: every write of a run goes through this."""
+    return Report.objects.filter(pk=report_id, status=Report.Status.RUNNING, attempts=attempt)
 
 
 def report_request(
@@ -58,9 +70,7 @@ def report_request(
         raise ServiceError(f"the period starts in the future ({start})")
     if end - start > timedelta(days=3660):
         raise ServiceError("a report covers at most ten years")
-    active = Report.objects.filter(
-        organization=organization, period_start=start, period_end=end, status__in=ACTIVE
-    )
+    active = _active(organization, start, end)
     for _ in range(3):
         running = active.first()
         if running is not None:
@@ -93,12 +103,7 @@ def report_recalculate(*, report: Report, reason: str, requested_by: str = "") -
         raise ServiceError(
             f"report {report.pk} is {report.status}; only a finished report can be recalculated"
         )
-    busy = Report.objects.filter(
-        organization=report.organization,
-        period_start=report.period_start,
-        period_end=report.period_end,
-        status__in=ACTIVE,
-    ).first()
+    busy = _active(report.organization, report.period_start, report.period_end).first()
     if busy is not None:
         # Returning that run would drop the reason and the link to the report it replaces.
         raise ServiceError(
@@ -139,7 +144,7 @@ class _LostClaim(Exception):
 def _progress(report_id: int, attempt: int) -> ReportProgress:
     def update(percent: int, message: str) -> None:
         # The heartbeat tells reports_recover this run is alive; only this run's claim may move it.
-        if not Report.objects.filter(pk=report_id, status=Report.Status.RUNNING, attempts=attempt).update(
+        if not _claimed(report_id, attempt).update(
             progress=percent, progress_message=message[:200], heartbeat_at=timezone.now()
         ):
             raise _LostClaim(f"report {report_id} is no longer claimed by attempt {attempt}")
@@ -181,10 +186,7 @@ def report_generate(report_id: int) -> Report | None:
     stem = f"ghg-report-{report.organization.slug}-{report.period_start}-{report.period_end}-r{report.pk}"
     with transaction.atomic():
         # Only while this run still holds the claim: a run queued again meanwhile owns the report now.
-        claimed_still = Report.objects.filter(
-            pk=report.pk, status=Report.Status.RUNNING, attempts=attempt
-        ).select_for_update()
-        if not claimed_still.exists():
+        if not _claimed(report.pk, attempt).select_for_update().exists():
             log.warning("report %s: attempt %s lost its claim; its files are dropped", report.pk, attempt)
             report.refresh_from_db()
             return report
@@ -198,7 +200,7 @@ def report_generate(report_id: int) -> Report | None:
                 size=len(content),
                 content=content,
             )
-        Report.objects.filter(pk=report.pk, status=Report.Status.RUNNING, attempts=attempt).update(
+        _claimed(report.pk, attempt).update(
             status=Report.Status.DONE,
             snapshot=snapshot,
             inputs_sha256=snapshot["inputs_sha256"],
@@ -212,7 +214,7 @@ def report_generate(report_id: int) -> Report | None:
 
 
 def _fail(report: Report, reason: str, attempt: int) -> Report:
-    Report.objects.filter(pk=report.pk, status=Report.Status.RUNNING, attempts=attempt).update(
+    _claimed(report.pk, attempt).update(
         status=Report.Status.FAILED,
         failure_reason=reason,
         progress_message="failed",
@@ -226,8 +228,6 @@ def reports_recover(*, now: datetime | None = None) -> list[int]:
     """Reports a lost worker left running are queued again (or failed after ``REPORT_MAX_ATTEMPTS`` runs);
     queued reports whose broker message was lost are sent again. Safe to run any time: generation claims a
     report only while it is queued. Returns the ids queued again or re-sent."""
-    from reports.tasks import generate_report
-
     at = now or timezone.now()
     running_before = at - timedelta(seconds=settings.REPORT_RUNNING_STALE_S)
     queued_before = at - timedelta(seconds=settings.REPORT_QUEUED_STALE_S)
@@ -235,7 +235,7 @@ def reports_recover(*, now: datetime | None = None) -> list[int]:
     silent = Q(heartbeat_at__lt=running_before) | Q(heartbeat_at__isnull=True, started_at__lt=running_before)
     for report in Report.objects.filter(silent, status=Report.Status.RUNNING):
         if report.attempts >= settings.REPORT_MAX_ATTEMPTS:
-            Report.objects.filter(pk=report.pk, status=Report.Status.RUNNING).update(
+            _claimed(report.pk, report.attempts).update(
                 status=Report.Status.FAILED,
                 failure_reason=f"abandoned: no worker finished it in {report.attempts} attempts "
                 f"of {settings.REPORT_RUNNING_STALE_S:.0f} s each",
@@ -243,7 +243,7 @@ def reports_recover(*, now: datetime | None = None) -> list[int]:
                 finished_at=at,
             )
             continue
-        if Report.objects.filter(pk=report.pk, status=Report.Status.RUNNING, attempts=report.attempts).update(
+        if _claimed(report.pk, report.attempts).update(
             status=Report.Status.QUEUED, progress=0, progress_message="queued again: its worker was lost"
         ):
             sent.append(report.pk)
@@ -252,10 +252,7 @@ def reports_recover(*, now: datetime | None = None) -> list[int]:
     )
     sent.extend(pk for pk in stale_queued.values_list("pk", flat=True) if pk not in sent)
     for pk in sent:
-        try:
-            generate_report.delay(pk)
-        except Exception:
-            log.exception("report %s could not be sent to the broker; it will be sent again", pk)
+        _send(pk)
     return sorted(sent)
 
 
