@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from carbonledger.ledger_writer import default_site
@@ -46,18 +46,21 @@ def _aware(value: datetime, name: str) -> datetime:
     return value.astimezone(UTC)
 
 
-def _queue(job: Job) -> None:
+def _dispatch(job_id: int, eta: datetime | None = None) -> None:
     from jobs.tasks import run_job
 
-    job_id, eta = job.pk, job.planned_start
-
-    def send() -> None:
-        try:
+    try:
+        if eta is None:
+            run_job.delay(job_id)
+        else:
             run_job.apply_async((job_id,), eta=eta)
-        except Exception:  # the broker is down: jobs.dispatch_due sends it once it is due
-            log.exception("job %s could not be sent to the broker; the dispatcher will send it", job_id)
+    except Exception:  # the broker is down: jobs.dispatch_due sends it once it is due
+        log.exception("job %s could not be sent to the broker; the dispatcher will send it", job_id)
 
-    transaction.on_commit(send)
+
+def _queue(job: Job) -> None:
+    job_id, eta = job.pk, job.planned_start
+    transaction.on_commit(lambda: _dispatch(job_id, eta))
 
 
 def _providers() -> list[Any]:
@@ -193,8 +196,13 @@ class _Lost(Exception):
     """The job is no longer this run's (given up for lost and failed, or retried, meanwhile)."""
 
 
+def _mine(job_id: int, attempt: int) -> QuerySet[Job]:
+    """The job while run ``attempt`` still holds it."""
+    return Job.objects.filter(pk=job_id, status=Job.Status.RUNNING, attempts=attempt)
+
+
 def _still_mine(job_id: int, attempt: int, **changes: Any) -> None:
-    if not Job.objects.filter(pk=job_id, status=Job.Status.RUNNING, attempts=attempt).update(**changes):
+    if not _mine(job_id, attempt).update(**changes):
         raise _Lost()
 
 
@@ -339,7 +347,7 @@ def job_run(job_id: int, *, now: datetime | None = None) -> Job | None:
         log.warning("job %s run %s: the job was taken from this run meanwhile; stopped", job.pk, attempt)
     except Exception as exc:
         log.exception("job %s failed", job.pk)
-        Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING, attempts=attempt).update(
+        _mine(job.pk, attempt).update(
             status=Job.Status.FAILED,
             failure_reason=f"unexpected error: {type(exc).__name__}: {exc}",
             finished_at=timezone.now(),
@@ -354,8 +362,6 @@ def jobs_dispatch_due(*, now: datetime | None = None) -> list[int]:
     """Send the run of every job due for more than ``JOBS_DISPATCH_GRACE_S`` and still waiting (its broker
     message was lost), and fail the running jobs with no progress for ``JOBS_RUNNING_STALE_S`` (their worker
     was lost; a retry sends the requests not answered yet). Safe any time: runs claim by status."""
-    from jobs.tasks import run_job
-
     at = now or timezone.now()
     stale_before = at - timedelta(seconds=settings.JOBS_RUNNING_STALE_S)
     stale = Job.objects.filter(status=Job.Status.RUNNING, heartbeat_at__lt=stale_before).select_related(
@@ -382,10 +388,7 @@ def jobs_dispatch_due(*, now: datetime | None = None) -> list[int]:
         .values_list("pk", flat=True)
     )
     for pk in due:
-        try:
-            run_job.delay(pk)
-        except Exception:
-            log.exception("job %s could not be sent to the broker; it will be sent again", pk)
+        _dispatch(pk)
     return due
 
 
