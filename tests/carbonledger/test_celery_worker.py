@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+
+from tests.support.gateway_process import CeleryWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,14 +31,7 @@ def test_worker_on_the_filesystem_broker_runs_a_task(tmp_path: Path) -> None:
         capture_output=True,
         timeout=120,
     )
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "carbonledger", "worker", "--pool=solo", "--loglevel=INFO"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    worker = CeleryWorker(env, tmp_path / "worker.log").start()
     try:
         client = textwrap.dedent(
             """
@@ -53,12 +47,7 @@ def test_worker_on_the_filesystem_broker_runs_a_task(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr[-2000:]
         assert "RESULT {'organizations': 0}" in done.stdout
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(5)
+        worker.stop()
 
 
 def test_the_scheduled_rollup_task_folds_new_ledger_records_in_by_itself(tmp_path: Path) -> None:
@@ -129,9 +118,4 @@ def test_the_scheduled_rollup_task_folds_new_ledger_records_in_by_itself(tmp_pat
             time.sleep(1)
         assert rolled() == "ROLLED 300"
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(5)
+        worker.stop()

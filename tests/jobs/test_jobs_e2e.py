@@ -5,10 +5,6 @@ and the emissions become final once the metering intervals have closed."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -22,7 +18,7 @@ import requests
 
 from tests.jobs.conftest import infer_line
 from tests.support.gateway_process import (
-    REPO_ROOT,
+    CeleryWorker,
     GatewayProcess,
     gateway_env,
     manage,
@@ -74,19 +70,12 @@ def test_a_job_runs_through_the_gateway_with_a_real_worker_and_its_emissions_bec
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     server = GatewayProcess(env, tmp_path / "server.log").start()
     worker_env = {**env, "GATEWAY_URL": f"http://127.0.0.1:{server.port}"}
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "carbonledger", "worker", "--pool=solo", "--loglevel=INFO"],
-        cwd=REPO_ROOT,
-        env=worker_env,
-        stdout=open(tmp_path / "worker.log", "wb"),  # noqa: SIM115 -- closed with the process
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    worker = CeleryWorker(worker_env, tmp_path / "worker.log").start()
     base = f"http://127.0.0.1:{server.port}"
     headers = {"Authorization": f"Bearer {key}"}
 
     def logs() -> str:
-        return f"worker:\n{(tmp_path / 'worker.log').read_text()[-3000:]}\nserver:\n{server.log_tail()}"
+        return f"worker:\n{worker.log_tail()}\nserver:\n{server.log_tail()}"
 
     try:
         lines = [infer_line(i) for i in range(3)]
@@ -142,11 +131,6 @@ def test_a_job_runs_through_the_gateway_with_a_real_worker_and_its_emissions_bec
         assert counterfactual["in_inventory"] is False and counterfactual["estimate"] is True
         assert counterfactual["label"].startswith("estimate outside the inventory")
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(5)
+        worker.stop()
         server.terminate()
         redis.Redis.from_url(REDIS_URL).delete(queue)

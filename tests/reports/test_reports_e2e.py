@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +14,7 @@ import redis
 import requests
 
 from tests.support.gateway_process import (
-    REPO_ROOT,
+    CeleryWorker,
     GatewayProcess,
     gateway_env,
     manage,
@@ -49,14 +45,7 @@ def test_a_report_requested_over_the_api_is_made_by_a_celery_worker_on_redis(
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert key
     server = GatewayProcess(env, tmp_path / "server.log").start()
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "carbonledger", "worker", "--pool=solo", "--loglevel=INFO"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=open(tmp_path / "worker.log", "wb"),  # noqa: SIM115 -- closed with the process
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    worker = CeleryWorker(env, tmp_path / "worker.log").start()
     base = f"http://127.0.0.1:{server.port}"
     headers = {"Authorization": f"Bearer {admin_key}"}
     try:
@@ -76,7 +65,7 @@ def test_a_report_requested_over_the_api_is_made_by_a_celery_worker_on_redis(
             if detail["status"] in ("done", "failed"):
                 break
             time.sleep(0.2)
-        assert detail.get("status") == "done", (detail, (tmp_path / "worker.log").read_text()[-3000:])
+        assert detail.get("status") == "done", (detail, worker.log_tail())
         assert 100 in seen_progress
         files = {f["format"]: f for f in detail["files"]}
         assert set(files) == {"pdf", "csv", "json"}
@@ -99,11 +88,6 @@ def test_a_report_requested_over_the_api_is_made_by_a_celery_worker_on_redis(
         )
         assert peek.status_code == 404
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(5)
+        worker.stop()
         server.terminate()
         redis.Redis.from_url(REDIS_URL).delete(queue)

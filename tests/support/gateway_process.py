@@ -211,6 +211,50 @@ def prepare_gateway(env: dict[str, str]) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+class CeleryWorker:
+    """A real Celery worker (solo pool) of the project in its own process group, its output in a log file."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> CeleryWorker:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "carbonledger",
+                    "worker",
+                    "--pool=solo",
+                    "--loglevel=INFO",
+                ],
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self) -> None:
+        """SIGTERM to the process group (a warm shutdown), SIGKILL after 20 s."""
+        if self.proc is None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+
 class GatewayProcess:
     """``manage.py serve`` in its own process group, its output in a log file."""
 
