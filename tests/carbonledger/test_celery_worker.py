@@ -94,24 +94,7 @@ def test_the_scheduled_rollup_task_folds_new_ledger_records_in_by_itself(tmp_pat
         return done.stdout.strip()
 
     assert rolled() == "ROLLED None"
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "carbonledger",
-            "worker",
-            "-B",
-            "--pool=solo",
-            "--loglevel=INFO",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    worker = CeleryWorker(env, tmp_path / "worker.log", beat=True).start()
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and rolled() != "ROLLED 300":

@@ -214,24 +214,28 @@ def prepare_gateway(env: dict[str, str]) -> str:
 class CeleryWorker:
     """A real Celery worker (solo pool) of the project in its own process group, its output in a log file."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, *, beat: bool = False) -> None:
         self.env = env
         self.log_path = log_path
+        self.beat = beat  # with the embedded beat scheduler (-B), as `make run` starts it
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> CeleryWorker:
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "carbonledger",
+            "worker",
+            "--pool=solo",
+            "--loglevel=INFO",
+        ]
+        if self.beat:
+            argv.append("-B")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "carbonledger",
-                    "worker",
-                    "--pool=solo",
-                    "--loglevel=INFO",
-                ],
+                argv,
                 cwd=REPO_ROOT,
                 env=self.env,
                 stdout=log,
