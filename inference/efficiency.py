@@ -99,9 +99,6 @@ class LinearFit:
         intercept = (self._sy - slope * self._sx) / self._sw
         return intercept, slope
 
-    def mean(self) -> float | None:
-        return self._sy / self._sw if self._sw else None
-
 
 @dataclass(frozen=True, slots=True)
 class Target:

@@ -16,7 +16,6 @@ same inputs and outputs and an accuracy at or above the floor are eligible; the 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 from inference.config import ConfigError, ModelSpec, parameter_number
@@ -38,7 +37,6 @@ class GridState:
         self.intensity_g_per_kwh: float | None = None
         self.threshold_g_per_kwh: float | None = None
         self.source = ""
-        self.updated_at_s = 0.0
         self.high = False
 
     def update(
@@ -48,7 +46,6 @@ class GridState:
             self.intensity_g_per_kwh = intensity_g_per_kwh
             self.threshold_g_per_kwh = threshold_g_per_kwh
             self.source = source
-            self.updated_at_s = time.time()
             self.high = (
                 intensity_g_per_kwh is not None
                 and threshold_g_per_kwh is not None
