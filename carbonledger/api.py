@@ -7,7 +7,7 @@ from typing import Any
 
 from rest_framework import permissions
 from rest_framework.decorators import api_view, permission_classes
-from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -28,6 +28,27 @@ def _organization_id(request: Request) -> int:
     if org is None:
         raise PermissionDenied("this account belongs to no organization")
     return int(org.pk)
+
+
+INSTANT_MIN_YEAR, INSTANT_MAX_YEAR = 1970, 2100  # nanoseconds since 1970 fit the ledger's 64-bit columns
+
+
+def query_instant(request: Request, name: str) -> datetime | None:
+    """The ``name`` query parameter as an aware UTC datetime (naive values are UTC), None when absent;
+    a value that is not ISO 8601 or falls outside the years the ledger can hold is a 400 naming it."""
+    raw = request.query_params.get(name)
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw)
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise ValidationError({name: f"not an ISO 8601 date or date-time: {raw!r}"}) from None
+    if not INSTANT_MIN_YEAR <= value.year <= INSTANT_MAX_YEAR:
+        raise ValidationError(
+            {name: f"{raw!r} is outside the years {INSTANT_MIN_YEAR}-{INSTANT_MAX_YEAR} the ledger can hold"}
+        )
+    return value
 
 
 def _iso(ns: int) -> str:

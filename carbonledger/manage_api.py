@@ -10,7 +10,6 @@ import io
 import re
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -23,7 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from carbonledger import ledger_selectors
-from carbonledger.api import _organization_id
+from carbonledger.api import _organization_id, query_instant
 from carbonledger.api_auth import organization_of
 from carbonledger.carbon.api import _PERMS
 from carbonledger.models import ApiKey
@@ -129,16 +128,9 @@ def models(request: Request) -> Response:
 
 
 def _ns(request: Request, name: str) -> int | None:
-    raw = request.query_params.get(name)
-    if not raw:
+    value = query_instant(request, name)
+    if value is None:
         return None
-    try:
-        value = datetime.fromisoformat(raw)
-        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    except (ValueError, OverflowError):
-        raise ValidationError({name: f"not an ISO 8601 date or date-time: {raw!r}"}) from None
-    if not 1970 <= value.year <= 2100:  # nanoseconds since 1970 in a 64-bit column
-        raise ValidationError({name: f"{raw!r} is outside the years 1970-2100 the ledger can hold"})
     return int(value.timestamp()) * 1_000_000_000 + value.microsecond * 1000
 
 

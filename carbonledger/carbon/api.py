@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from carbonledger import co2e
-from carbonledger.api import HasReadScope, _organization_id
+from carbonledger.api import HasReadScope, _organization_id, query_instant
 from carbonledger.api_auth import organization_of, scopes_of
 from carbonledger.carbon import services
 from carbonledger.carbon.selectors import ROLLUP_STEPS, carbon_summary, factor_attributions, rollup_series
@@ -33,7 +33,6 @@ from carbonledger.openapi import PERIOD, doc
 from carbonledger.services import ServiceError
 
 MAX_UPLOAD_BYTES = 50 * 1024 * 1024
-PERIOD_MIN_YEAR, PERIOD_MAX_YEAR = 1970, 2100
 
 
 class HasAdminScopeForWrites(permissions.BasePermission):
@@ -56,22 +55,12 @@ def _bad(exc: ServiceError) -> ValidationError:
 
 def _period(request: Request, default_days: int = 30) -> tuple[datetime, datetime]:
     def parse(name: str) -> datetime | None:
-        raw = request.query_params.get(name)
-        if not raw:
+        value = query_instant(request, name)
+        if value is None:
             return None
-        try:
-            value = datetime.fromisoformat(raw)
-            value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-        except (ValueError, OverflowError):
-            raise ValidationError({name: f"not an ISO 8601 date or date-time: {raw!r}"}) from None
-        if not PERIOD_MIN_YEAR <= value.year <= PERIOD_MAX_YEAR:
-            raise ValidationError(
-                {
-                    name: f"{raw!r} is outside the years {PERIOD_MIN_YEAR}-{PERIOD_MAX_YEAR} the ledger can hold"
-                }
-            )
         # The rollups are hourly: a period cut inside an hour would silently count the whole hour or none.
         if (value.minute, value.second, value.microsecond) != (0, 0, 0):
+            raw = request.query_params.get(name)
             raise ValidationError({name: f"{raw!r} is not on a whole UTC hour (the rollups are hourly)"})
         return value
 
