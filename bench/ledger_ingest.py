@@ -135,7 +135,7 @@ def main() -> int:
 
         call_command("migrate", verbosity=0)
         from carbonledger.ledger_verify import verify_all
-        from carbonledger.ledger_writer import LedgerWriter
+        from carbonledger.ledger_writer import DRAINER_SWITCH_INTERVAL_S, LedgerWriter
         from carbonledger.models import LedgerRequest
         from carbonledger.services import organization_create
         from inference.spool import SpoolReader
@@ -160,12 +160,15 @@ def main() -> int:
                     raise
                 time.sleep(0.05)
         writer = LedgerWriter(reader)
+        sys.setswitchinterval(DRAINER_SWITCH_INTERVAL_S)  # as the drain_ledger process sets it
         writer.recover()
         time.sleep(1.0)  # a backlog to start from
         start = time.perf_counter()
         written_lines = 0
-        while time.perf_counter() - start < args.seconds:
-            written_lines += writer.drain_once()
+        deadline = time.monotonic() + args.seconds
+        while time.monotonic() < deadline:
+            # What the drain_ledger process runs: the next chunk is prepared while this one is inserted.
+            written_lines += writer.drain_available(until=deadline)
         elapsed = time.perf_counter() - start
         producer.terminate()
         producer.wait(10)

@@ -9,7 +9,7 @@ changed field, a deleted, inserted or reordered record all break a link that
 from __future__ import annotations
 
 import hashlib
-import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,83 +136,66 @@ _OPTIONAL_TAIL = {k.kind: len(k.optional_tail) for k in KINDS.values() if k.opti
 
 
 def canonical(kind: str, seq: int, values: tuple[Any, ...] | list[Any]) -> bytes:
+    end = len(values)
     optional = _OPTIONAL_TAIL.get(kind, 0)
-    if optional:
-        values = list(values)
-        while optional and values and values[-1] == "":
-            values.pop()
-            optional -= 1
-    return orjson.dumps([kind, seq, *values])
+    while optional and end and values[end - 1] == "":
+        end -= 1
+        optional -= 1
+    return orjson.dumps((kind, seq, *values[:end]))
 
 
 def link_hash(prev_hash: str, kind: str, seq: int, values: tuple[Any, ...] | list[Any]) -> str:
     return hashlib.sha256(prev_hash.encode() + canonical(kind, seq, values)).hexdigest()
 
 
-@dataclass(frozen=True)
-class _Plan:
-    getter: Any  # operator.itemgetter over the chained fields
-    float_positions: tuple[int, ...]  # JSON may carry 2 for 2.0; the database gives back 2.0
-    defaults: dict[str, Any]  # optional fields and their value when absent
-    nullable: frozenset[str]
-    fields: tuple[str, ...]
-    tail: tuple[str, ...]  # the optional tail: read with .get(), so records without it keep the fast path
+def _compile(kind: RecordKind) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """A function from a spool record to its chained values, generated once per kind.
+
+    The writer calls it for every record, tens of thousands a second, so it is one expression
+    (as ``collections.namedtuple`` builds its methods): ``r["x"]`` for a required field,
+    ``r.get("x", default)`` for a field with a default (absent from older or simpler writers'
+    records) or a nullable foreign key, and ``float(...)`` for float columns, because JSON may
+    carry ``2`` for ``2.0`` and the database gives back ``2.0``.
+    """
+    env: dict[str, Any] = {}
+    parts: list[str] = []
+    for pos, name in enumerate(kind.fields):
+        field = kind.model._meta.get_field(name)  # Django resolves attnames like organization_id
+        if not name.isidentifier():
+            raise ValueError(f"{kind.kind}: field name {name!r} is not an identifier")
+        if isinstance(field, models.ForeignKey):
+            expr = f"r.get({name!r})"
+        elif isinstance(field, models.BooleanField):
+            expr = f"r.get({name!r}, False)"
+        elif isinstance(field, models.FloatField):
+            expr = f"float(r[{name!r}])"
+        elif isinstance(field, models.CharField | models.TextField) and isinstance(field.default, str):
+            env[f"default_{pos}"] = field.default
+            expr = f"r.get({name!r}, default_{pos})"
+        else:
+            expr = f"r[{name!r}]"
+        parts.append(expr)
+    source = f"def normalize_{kind.kind}(r):\n    return ({', '.join(parts)},)\n"
+    exec(source, env)  # built from the model's own field names, checked above
+    fn: Callable[[dict[str, Any]], tuple[Any, ...]] = env[f"normalize_{kind.kind}"]
+    return fn
 
 
-_plans: dict[str, _Plan] = {}
+_normalizers: dict[str, Callable[[dict[str, Any]], tuple[Any, ...]]] = {}
 
 
-def _plan(kind: RecordKind) -> _Plan:
-    plan = _plans.get(kind.kind)
-    if plan is None:
-        floats: list[int] = []
-        defaults: dict[str, Any] = {}
-        nullable: set[str] = set()
-        for pos, name in enumerate(kind.fields):
-            field = kind.model._meta.get_field(name)  # Django resolves attnames like organization_id
-            if isinstance(field, models.ForeignKey):
-                nullable.add(name)
-            elif isinstance(field, models.BooleanField):
-                defaults[name] = False
-            elif isinstance(field, models.FloatField):
-                floats.append(pos)
-            elif isinstance(field, models.CharField | models.TextField) and isinstance(field.default, str):
-                defaults[name] = field.default
-        head = kind.fields[: len(kind.fields) - len(kind.optional_tail)]
-        plan = _Plan(
-            operator.itemgetter(*head),
-            tuple(floats),
-            defaults,
-            frozenset(nullable),
-            kind.fields,
-            kind.optional_tail,
-        )
-        _plans[kind.kind] = plan
-    return plan
+def normalizer(kind: RecordKind) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """``normalize`` for one kind without the error message: raises KeyError for a missing field."""
+    fn = _normalizers.get(kind.kind)
+    if fn is None:
+        fn = _normalizers[kind.kind] = _compile(kind)
+    return fn
 
 
 def normalize(kind: RecordKind, record: dict[str, Any]) -> tuple[Any, ...]:
-    """The chained values of a spool record, with defaults for optional fields and fixed types.
-
-    The writer calls this for every record, tens of thousands a second: the common case (every
-    field present) is one itemgetter call plus a float() per float field.
-    """
-    plan = _plan(kind)
+    """The chained values of a spool record, in canonical order, with defaults for optional fields
+    and fixed types; ``ValueError`` names a missing required field."""
     try:
-        values = list(plan.getter(record))
-        for name in plan.tail:
-            values.append(record.get(name, plan.defaults[name]))
-    except KeyError:
-        values = []
-        for name in plan.fields:
-            if name in record:
-                values.append(record[name])
-            elif name in plan.defaults:
-                values.append(plan.defaults[name])
-            elif name in plan.nullable:
-                values.append(None)
-            else:
-                raise ValueError(f"{kind.kind} record lacks '{name}': {record}") from None
-    for pos in plan.float_positions:
-        values[pos] = float(values[pos])
-    return tuple(values)
+        return normalizer(kind)(record)
+    except KeyError as missing:
+        raise ValueError(f"{kind.kind} record lacks {missing.args[0]!r}: {record}") from None

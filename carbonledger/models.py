@@ -210,6 +210,8 @@ class LedgerBatch(ChainedRecord):
 
 class LedgerRequest(ChainedRecord):
     # Unique through Meta.constraints: unique=True would add a second (LIKE) index on PostgreSQL.
+    # Collation "C" on PostgreSQL (migration 0010), like the other indexed ledger ids: an AlterField
+    # of these columns would reset it, so such a migration must set it again.
     request_id = models.CharField(max_length=64)
     client_request_id = models.CharField(max_length=256, blank=True, default="")
     organization = models.ForeignKey(

@@ -3,6 +3,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError, connection
 
-from carbonledger.ledger_writer import LedgerWriter
+from carbonledger.ledger_writer import DRAINER_SWITCH_INTERVAL_S, LedgerWriter
 from inference.spool import SpoolReader
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class Command(BaseCommand):
                 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
             except OSError as exc:
                 log.warning("could not put the ledger writer on SCHED_IDLE: %s", exc)
+        sys.setswitchinterval(DRAINER_SWITCH_INTERVAL_S)  # this process does nothing but drain
         reader = SpoolReader(Path(opts["spool"] or settings.SPOOL_DIR))
         writer = LedgerWriter(reader, interval_s=settings.LEDGER_WRITE_INTERVAL_S)
         if opts["once"]:

@@ -1,0 +1,211 @@
+"""The ledger writer's pipelined drain (the next chunk prepared while this one is inserted) and the
+compiled record normalizer it relies on. Runs on SQLite and, in the suite's second run, PostgreSQL,
+where the chunks go in as binary COPY streams formatted ahead on the helper thread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from django.db import connection
+
+from carbonledger.ledger import KINDS, canonical, link_hash, normalize
+from carbonledger.ledger_verify import verify_all
+from carbonledger.ledger_writer import LedgerWriter, prepare_chunk
+from carbonledger.models import LedgerChain, LedgerRequest, LedgerRequestEnergy
+from inference.spool import Spool, SpoolPosition
+from tests.factories import OrganizationFactory
+from tests.support.ledger import lines_for_batch
+
+pytestmark = pytest.mark.django_db
+
+SMALL_CHUNK = 1_000  # bytes: a batch of lines_for_batch is over 2 kB, so it spans several chunks
+
+
+def _spool(path: Path, batches: list[list[bytes]]) -> Spool:
+    spool = Spool(path)
+    for lines in batches:
+        spool.append(b"".join(lines))
+    return spool
+
+
+def test_pipelined_drain_writes_every_chunk_and_the_chain_verifies(tmp_path: Path) -> None:
+    org = OrganizationFactory()
+    batches = [lines_for_batch(org.pk, requests=4, prefix="p") for _ in range(12)]
+    spool = _spool(tmp_path / "spool", [lines for lines, _ in batches])
+    writer = LedgerWriter(spool, max_chunk_bytes=SMALL_CHUNK)
+    writer.recover()
+
+    consumed = writer.drain_available()
+
+    assert consumed == sum(len(lines) for lines, _ in batches)
+    ids = [rid for _, rids in batches for rid in rids]
+    assert sorted(LedgerRequest.objects.values_list("request_id", flat=True)) == sorted(ids)
+    assert LedgerRequestEnergy.objects.count() == len(ids)
+    chain = LedgerChain.objects.get(chain_id=spool.chain_id)
+    assert chain.head_seq == 12 * (1 + 4 + 1 + 1 + 4)
+    assert chain.spool_position == writer.position.encode()
+    assert [r.broken for r in verify_all()] == [None]  # every hash recomputed from the stored values
+    assert spool.backlog_bytes == 0
+    writer.stop()
+    spool.close()
+
+
+def test_pipelined_drain_stops_at_its_deadline_and_the_next_call_goes_on(tmp_path: Path) -> None:
+    org = OrganizationFactory()
+    batches = [lines_for_batch(org.pk, prefix="d")[0] for _ in range(6)]
+    spool = _spool(tmp_path / "spool", batches)
+    writer = LedgerWriter(spool, max_chunk_bytes=SMALL_CHUNK)
+    writer.recover()
+
+    first = writer.drain_available(until=0.0)  # a deadline already past: one chunk, then stop
+
+    assert 0 < first < len(batches[0])
+    assert writer.drain_available() == sum(map(len, batches)) - first
+    assert [r.broken for r in verify_all()] == [None]
+    writer.stop()
+    spool.close()
+
+
+def test_a_duplicate_chunk_rechains_the_chunk_prepared_behind_it(tmp_path: Path) -> None:
+    org = OrganizationFactory()
+    old, old_ids = lines_for_batch(org.pk, prefix="dup")
+    first = _spool(tmp_path / "first", [old])
+    writer = LedgerWriter(first)
+    writer.recover()
+    writer.drain_all()
+    first.close()
+    new_batches = [lines_for_batch(org.pk, prefix="after") for _ in range(3)]
+    # A second spool replays the old batch first: its commit drops the duplicates, so the chain
+    # head is not where the next chunk (prepared meanwhile) was chained from.
+    second = _spool(tmp_path / "second", [old, *(lines for lines, _ in new_batches)])
+    writer = LedgerWriter(second, max_chunk_bytes=SMALL_CHUNK)
+    writer.recover()
+
+    writer.drain_available()
+
+    new_ids = [rid for _, rids in new_batches for rid in rids]
+    assert LedgerRequest.objects.filter(request_id__in=old_ids).count() == len(old_ids)
+    assert LedgerRequest.objects.filter(request_id__in=new_ids).count() == len(new_ids)
+    chain = LedgerChain.objects.get(chain_id=second.chain_id)
+    assert chain.head_seq == 3 * (1 + 3 + 1 + 1 + 3)  # only the new batches were chained
+    assert [r.broken for r in verify_all()] == [None, None]
+    writer.stop()
+    second.close()
+
+
+def test_a_checkpoint_moved_by_another_writer_stops_the_drain_which_then_goes_on_from_it(
+    tmp_path: Path,
+) -> None:
+    org = OrganizationFactory()
+    batches = [lines_for_batch(org.pk, prefix="m") for _ in range(4)]
+    spool = _spool(tmp_path / "spool", [lines for lines, _ in batches])
+    ours = LedgerWriter(spool, max_chunk_bytes=SMALL_CHUNK)
+    ours.recover()
+    other = LedgerWriter(spool, max_chunk_bytes=SMALL_CHUNK)
+    other.recover()
+    theirs = other.drain_once()
+    assert theirs > 0
+
+    assert ours.drain_available() == 0  # refused: the checkpoint is past where it read
+    assert ours.position == other.position
+    drained = ours.drain_available()  # from the moved checkpoint, chaining from the real head
+
+    assert drained == sum(len(lines) for lines, _ in batches) - theirs
+    ids = [rid for _, rids in batches for rid in rids]
+    assert LedgerRequest.objects.filter(request_id__in=ids).count() == len(ids)
+    assert [r.broken for r in verify_all()] == [None]
+    ours.stop()
+    other.stop()
+    spool.close()
+
+
+def test_a_chunk_prepared_ahead_holds_the_rows_and_hashes_of_link_hash(tmp_path: Path) -> None:
+    org = OrganizationFactory()
+    lines, _ = lines_for_batch(org.pk, prefix="h")
+    copy_cursor = None
+    if connection.vendor == "postgresql":
+        connection.ensure_connection()
+        copy_cursor = connection.connection.cursor()
+
+    chunk = prepare_chunk(lines, SpoolPosition.start(), SpoolPosition(0, 1), (7, 40, "f" * 64), copy_cursor)
+
+    records = [orjson.loads(line) for line in lines]
+    assert chunk.devices == [r for r in records if r["k"] == "device"]
+    prev, seq = "f" * 64, 40
+    assert chunk.rows is not None
+    flat = sorted((row for rows in chunk.rows.values() for row in rows), key=lambda row: row[1])
+    chained = [r for r in records if r["k"] != "device"]
+    for rec, row in zip(chained, flat, strict=True):
+        seq += 1
+        values = normalize(KINDS[rec["k"]], rec)
+        digest = link_hash(prev, rec["k"], seq, values)
+        assert row == (7, seq, prev, digest, *values)
+        prev = digest
+    assert (chunk.end_seq, chunk.end_hash) == (seq, prev)
+    if copy_cursor is not None:
+        assert chunk.payloads is not None and set(chunk.payloads) == set(chunk.rows)
+        assert all(
+            p.startswith(b"PGCOPY\n\xff\r\n\x00") and p.endswith(b"\xff\xff") for p in chunk.payloads.values()
+        )
+
+
+def test_normalize_fills_defaults_and_floats_and_names_a_missing_field() -> None:
+    req = {
+        "k": "req",
+        "request_id": "n.1",
+        "model": "linear",
+        "version": "1",
+        "batch_id": "n.b",
+        "device_id": "cpu-model",
+        "received_ns": 1,
+        "started_ns": 2,
+        "finished_ns": 3,
+        "queue_ns": 1,
+        "compute_ns": 1,
+        "work_units": 4,
+    }
+    values = dict(zip(KINDS["req"].fields, normalize(KINDS["req"], req), strict=True))
+    # Fields with a default may be absent (older writers): the column's default, None for a key.
+    assert values["client_request_id"] == "" and values["status"] == "ok" and values["variant"] == ""
+    assert values["organization_id"] is None and values["api_key_id"] is None
+    assert values["synthetic"] is False
+    interval = {
+        "interval_id": "n.i",
+        "device_id": "cpu-model",
+        "method": "modelled",
+        "relative_uncertainty": 0,
+        "t0_ns": 0,
+        "t1_ns": 1,
+        "counter_start_j": 2,
+        "counter_end_j": 3,
+        "energy_uj": 1,
+        "idle_uj": 0,
+        "busy_ns": 1,
+        "idle_ns": 0,
+    }
+    got = normalize(KINDS["interval"], interval)
+    assert [type(v) for v in got[3:4] + got[6:8]] == [float, float, float]  # JSON 2 is stored as 2.0
+    del req["work_units"]
+    with pytest.raises(ValueError, match="req record lacks 'work_units'"):
+        normalize(KINDS["req"], req)
+
+
+def test_canonical_leaves_out_only_an_empty_optional_tail() -> None:
+    values = normalize(
+        KINDS["batch"],
+        {
+            "batch_id": "c.b",
+            "model": "m",
+            "version": "1",
+            "device_id": "d",
+            "instance": 0,
+            "start_ns": 1,
+            "end_ns": 2,
+            "requests": 1,
+            "rows": 1,
+        },
+    )
+    assert canonical("batch", 3, values) == b'["batch",3,"c.b","m","1","d",0,1,2,1,1,"ok"]'
+    assert canonical("batch", 3, (*values[:-1], "int8")).endswith(b',"ok","int8"]')
