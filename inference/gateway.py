@@ -486,6 +486,9 @@ class Gateway:
                 }
             )
             await send({"type": "http.response.body", "body": payload})
+        planner = mv.batcher.planner
+        if planner is not None:
+            planner.response_done(time.monotonic_ns() - received)
 
 
 _WANTED = frozenset({b"authorization", b"content-length", b"inference-header-content-length"})

@@ -319,6 +319,27 @@ def test_one_spike_lowers_the_safety_factor_once_not_down_to_the_floor() -> None
     assert planner.safety >= after_spike  # the spike counted once, then recovery
 
 
+def test_once_responses_are_reported_their_latency_is_judged_not_the_batch_end() -> None:
+    now = 20 * S
+    planner = _learnt_planner(now)
+    before = planner.safety
+    # The batches end well inside the 25 ms objective, but the answers leave the server late (a burst of
+    # responses queued behind the event loop): that is what a client sees, so that is what counts.
+    for _ in range(64):
+        planner.batch_done(8, 3 * MS, [10 * MS] * 8)
+        for _ in range(8):
+            planner.response_done(40 * MS)
+    assert planner.safety < before
+    missed = planner.safety
+    p99 = planner.p99_ns()
+    assert p99 is not None and p99 > 25 * MS
+    for _ in range(64):  # batch ends keep coming in late, yet no longer count: the responses are on time
+        planner.batch_done(8, 3 * MS, [60 * MS] * 8)
+        for _ in range(8):
+            planner.response_done(5 * MS)
+    assert planner.safety > missed
+
+
 def test_a_planner_that_has_seen_nothing_leaves_triton_s_rules_in_charge() -> None:
     planner = EfficiencyPlanner(EfficiencySettings(1.0, 25 * MS), 32)
     target = planner.target(10 * S)

@@ -494,9 +494,14 @@ def test_metrics_show_the_energy_efficiency_knob_and_what_its_planner_decided(
     )
     gateway = Gateway(root, GatewayOptions(), static_resolver)
     with serve_asgi(gateway) as address:
+        batcher = gateway.repository.version("linear", None).batcher
+        planner = batcher.planner if batcher is not None else None
+        assert planner is not None and planner.latency_source == "batch"
         for _ in range(4):
             assert post_json(address, "/v2/models/linear/infer", linear_doc()).status_code == 200
         text = requests.get(url(address, "/metrics"), timeout=5).text
+    # The objective is judged on when answers left the server, not on when their batch ended.
+    assert planner.latency_source == "response"
     labels = 'model="linear",version="1"'
     assert f"carbonledger_energy_efficiency{{{labels}}} 1" in text
     assert f"carbonledger_latency_slo_seconds{{{labels}}} 0.05" in text
