@@ -100,6 +100,7 @@ class Pending:
 
     __slots__ = (
         "deadline_ns",
+        "done_ns",
         "enqueued_ns",
         "level",
         "payload",
@@ -126,6 +127,7 @@ class Pending:
         self.level = priority  # resolved to 1..levels by enqueue
         self.timeout_us = timeout_us  # the client's timeout, 0 for none
         self.deadline_ns = 0
+        self.done_ns = 0  # when its batch ended (the batcher's clock), 0 before
         self.enqueued_ns = 0
         self.seq = 0
         self.state = QUEUED
@@ -517,6 +519,7 @@ class DynamicBatcher:
                 )
                 for p in batch:
                     p.state = DONE
+                    p.done_ns = end
             timing = BatchTiming(start, end, t_in, t_infer, t_out)
             if self.planner is not None and error is None:  # a failure's timing says nothing of the cost
                 self.planner.batch_done(

@@ -488,7 +488,8 @@ class Gateway:
             await send({"type": "http.response.body", "body": payload})
         planner = mv.batcher.planner
         if planner is not None:
-            planner.response_done(time.monotonic_ns() - received)
+            now = time.monotonic_ns()
+            planner.response_done(now - received, now - pending.done_ns if pending.done_ns else 0)
 
 
 _WANTED = frozenset({b"authorization", b"content-length", b"inference-header-content-length"})

@@ -340,6 +340,25 @@ def test_once_responses_are_reported_their_latency_is_judged_not_the_batch_end()
     assert planner.safety > missed
 
 
+def test_the_wait_before_the_server_sees_a_request_comes_off_the_objective() -> None:
+    now = 20 * S
+    quiet, bursty = _learnt_planner(now), _learnt_planner(now)
+    for planner, after_batch in ((quiet, 0), (bursty, 6 * MS)):
+        # Answers handed over 20 ms after arrival, inside the 25 ms objective; in the bursty gateway each
+        # answer left up to 6 ms after its batch ended, so a request arriving then waited about as long unseen.
+        for _ in range(16):
+            planner.response_done(20 * MS, after_batch)
+        assert (
+            planner.p99_ns() == 20 * MS + after_batch
+        )  # 20 ms seen, + 6 ms unseen: a miss for the bursty one
+        for _ in range(48):
+            planner.response_done(20 * MS, after_batch)
+        _arrivals(planner, now, now + S)
+    calm, busy = quiet.target(now + S), bursty.target(now + S)
+    assert bursty.safety < quiet.safety
+    assert busy.wait_ns < calm.wait_ns
+
+
 def test_a_planner_that_has_seen_nothing_leaves_triton_s_rules_in_charge() -> None:
     planner = EfficiencyPlanner(EfficiencySettings(1.0, 25 * MS), 32)
     target = planner.target(10 * S)
