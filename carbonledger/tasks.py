@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from celery import shared_task
+from django.db import OperationalError
 
 from carbonledger.models import Organization
 
@@ -21,7 +22,18 @@ def rollups_update() -> dict[str, object]:
     return {"records": dict(run.records), "created": run.rows_created, "updated": run.rows_updated}
 
 
-@shared_task(name="carbonledger.recompute_carbon")
+# Enqueued on a change (factors, PUE, instruments), not on a schedule, so a run lost to a busy database
+# would leave the rollups' CO2e stale: on the embedded SQLite, a writer that waited out its 20 s busy
+# timeout fails with "database is locked" (seen on a first `make run`, while the demo's recomputes and
+# the ledger writer shared the file). It is idempotent, so it is retried.
+@shared_task(
+    name="carbonledger.recompute_carbon",
+    autoretry_for=(OperationalError,),
+    retry_backoff=2,
+    retry_backoff_max=120,
+    retry_jitter=True,
+    max_retries=8,
+)
 def recompute_carbon(
     organization_id: int | None,
     site_id: int | None = None,

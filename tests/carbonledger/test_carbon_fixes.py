@@ -547,3 +547,22 @@ def test_a_nul_character_in_a_query_parameter_is_a_400_naming_it_on_every_databa
     page = client.get("/dashboard/", {"x\x00": "1"})
     assert page.status_code == 400
     assert b"contains a NUL character" in page.content
+
+
+def test_recompute_carbon_task_is_retried_when_the_database_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.db import OperationalError
+
+    import carbonledger.carbon.rollups as rollups
+
+    calls: list[int | None] = []
+
+    def busy_once(organization_id: int | None, **kwargs: object) -> int:
+        calls.append(organization_id)
+        if len(calls) == 1:
+            raise OperationalError("database is locked")
+        return 7
+
+    monkeypatch.setattr(rollups, "recompute_carbon", busy_once)
+    result = tasks.recompute_carbon.apply(args=(None,))
+    assert result.get() == 7
+    assert calls == [None, None]
