@@ -51,6 +51,7 @@ def gateway_options() -> GatewayOptions:
         max_body_bytes=settings.GATEWAY_MAX_BODY_BYTES,
         carbon_aware=settings.CARBON_AWARE,
         carbon_aware_efficiency=settings.CARBON_AWARE_EFFICIENCY,
+        freeze_heap_after_start=settings.GATEWAY_GC_FREEZE,
     )
 
 

@@ -105,6 +105,7 @@ GATEWAY_ADAPTIVE_DELAY = env_bool("GATEWAY_ADAPTIVE_DELAY", True)
 GATEWAY_ONNX_THREADS = env_int("GATEWAY_ONNX_THREADS", 1, minimum=1)
 API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0, minimum=0.0)
 GATEWAY_SWITCH_INTERVAL_S = env_float("GATEWAY_SWITCH_INTERVAL_S", 0.001, minimum=0.0001)
+GATEWAY_GC_FREEZE = env_bool("GATEWAY_GC_FREEZE", True)  # gc.freeze() once the models are loaded
 
 # -- Celery: an embedded filesystem broker by default, Redis or RabbitMQ from the environment --
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")

@@ -9,6 +9,7 @@ the model instance threads do the rest and post each batch's results back in one
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -155,6 +156,10 @@ class Gateway:
         for service in self._services:
             service.start()
         self.repository.load()
+        if self.options.freeze_heap_after_start:
+            gc.collect()
+            gc.freeze()
+            log.info("gateway started: %d objects frozen out of the garbage collector", gc.get_freeze_count())
 
     async def shutdown(self) -> None:
         self.started = False

@@ -8,6 +8,7 @@ in tests/carbonledger/test_gateway_keys.py.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import shutil
 import threading
@@ -510,3 +511,19 @@ def test_metrics_show_the_energy_efficiency_knob_and_what_its_planner_decided(
     assert f'carbonledger_batch_planner_state{{{labels},state="learning"}} 1' in text
     p99 = next(line for line in text.splitlines() if line.startswith("carbonledger_latency_p99_seconds"))
     assert float(p99.rsplit(" ", 1)[1]) > 0
+
+
+def test_with_freeze_heap_after_start_the_loaded_gateway_is_out_of_the_collector_s_reach(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    root = tmp_path_factory.mktemp("frozen-models")
+    shutil.copytree(DEMO / "linear", root / "linear")
+    gc.unfreeze()
+    try:
+        gateway = Gateway(root, GatewayOptions(freeze_heap_after_start=True), static_resolver)
+        with serve_asgi(gateway) as address:
+            # The model, its batcher and everything imported so far were alive at start-up: frozen.
+            assert gc.get_freeze_count() > 0
+            assert post_json(address, "/v2/models/linear/infer", linear_doc()).status_code == 200
+    finally:
+        gc.unfreeze()  # the rest of the test session collects as usual
