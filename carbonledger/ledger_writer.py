@@ -9,7 +9,6 @@ duplicated. While the database is down the writer backs off and the spool grows 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import logging
 import threading
@@ -24,7 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, close_old_connections, connection, transaction
 from psycopg.copy import Copy, FileWriter
 
-from carbonledger.ledger import CHAIN_COLUMNS, KINDS, RecordKind, canonical, normalize, normalizer
+from carbonledger.ledger import CHAIN_COLUMNS, KINDS, RecordKind, link_hash, normalize, normalizer
 from carbonledger.models import Device, LedgerChain, LedgerRequestEnergy, Site
 from inference.spool import Spool, SpoolPosition, SpoolReader
 
@@ -94,13 +93,10 @@ def bulk_insert(kind: RecordKind, rows: list[tuple[Any, ...]], payload: bytes | 
             # Binary COPY: psycopg's C dumpers format each value; measured about twice as fast
             # as text COPY here. Django's wrapper maps psycopg's errors to django.db's.
             sql = f"COPY {table} ({cols}) FROM STDIN (FORMAT BINARY)"
+            if payload is None:
+                payload = copy_payload(raw, kind, rows)
             with connection.wrap_database_errors, raw.copy(sql) as copy:
-                if payload is not None:
-                    copy.write(payload)
-                else:
-                    copy.set_types(_pg_types(kind))
-                    for row in rows:
-                        copy.write_row(row)
+                copy.write(payload)
         else:
             marks = ", ".join(["%s"] * len(columns))
             cur.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
@@ -204,15 +200,6 @@ def prepare_chunk(
     return chunk
 
 
-def write_records(chain_id: str, lines: list[bytes], position: SpoolPosition, expected: SpoolPosition) -> int:
-    """Chain and insert one chunk of spool lines; returns how many chained records were written.
-
-    Raises ``PositionMoved`` when the database checkpoint is not where this writer thought
-    (another writer drained the same spool), so the caller re-reads from the database.
-    """
-    return commit_chunk(chain_id, prepare_chunk(lines, expected, position))[0]
-
-
 def commit_chunk(chain_id: str, chunk: PreparedChunk) -> tuple[int, tuple[int, int, str]]:
     """Insert a chunk in one transaction with the chain head and the spool position it reaches.
 
@@ -291,13 +278,12 @@ def _chain(
     """Rows per kind for ``records`` chained after (seq, prev), the new head seq and hash, and the
     device records met on the way (not chained: a device's facts are upserted).
 
-    ``normalize`` and ``link_hash`` inlined: this loop runs for every record, and the writer's
-    rate is bounded by it (bench/ledger_ingest.py).
+    The normalizers are looked up once: this loop runs for every record, and the writer's rate is
+    bounded by it (bench/ledger_ingest.py).
     """
     rows: dict[str, list[tuple[Any, ...]]] = {}
     devices: list[dict[str, Any]] = []
     fns = {k: normalizer(kind) for k, kind in KINDS.items()}
-    sha256 = hashlib.sha256
     for rec in records:
         k = rec.get("k")
         fn = fns.get(k)
@@ -312,12 +298,8 @@ def _chain(
         except KeyError:
             values = normalize(KINDS[k], rec)  # raises, naming the field
         seq += 1
-        digest = sha256(prev.encode() + canonical(k, seq, values)).hexdigest()
-        row = (chain_pk, seq, prev, digest, *values)
-        try:
-            rows[k].append(row)
-        except KeyError:
-            rows[k] = [row]
+        digest = link_hash(prev, k, seq, values)
+        rows.setdefault(k, []).append((chain_pk, seq, prev, digest, *values))
         prev = digest
     return rows, seq, prev, devices
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from inference.stats import prometheus_label
@@ -100,6 +101,12 @@ class LinearFit:
         return intercept, slope
 
 
+def _p99(values: Iterable[int]) -> int:
+    """The nearest-rank 99th percentile of a non-empty window."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """What the batcher aims at: dispatch when ``rows`` are queued or the oldest has waited ``wait_ns``."""
@@ -134,7 +141,6 @@ class EfficiencyPlanner:
         self._latencies: deque[int] = deque(maxlen=LATENCY_WINDOW)
         self._from_responses = False  # set once the server reports response latencies (response_done)
         self._after_batch: deque[int] = deque(maxlen=LATENCY_WINDOW)
-        self._unseen = 0  # _unseen_ns() as of the last safety adjustment
         self._since_adjust = 0
         self.safety = 0.5  # starts cautious; the observed p99 moves it
         self._decayed_rows = 0.0
@@ -190,10 +196,7 @@ class EfficiencyPlanner:
     def _unseen_ns(self) -> int:
         """The wait before the server sees a request, estimated as the p99 time from a batch's end to its
         answers being handed over (0 until responses are reported)."""
-        if not self._after_batch:
-            return 0
-        ordered = sorted(self._after_batch)
-        return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+        return _p99(self._after_batch) if self._after_batch else 0
 
     @property
     def latency_source(self) -> str:
@@ -213,9 +216,7 @@ class EfficiencyPlanner:
             self.energy_fit.observe(rows, energy_j)
 
     def _adjust_safety(self) -> None:
-        ordered = sorted(self._latencies)
-        self._unseen = self._unseen_ns()
-        p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)] + self._unseen
+        p99 = _p99(self._latencies) + self._unseen_ns()
         slo = self.settings.latency_slo_ns
         if p99 > slo:
             self.safety = max(SAFETY_MIN, self.safety * SAFETY_DOWN)
@@ -238,8 +239,7 @@ class EfficiencyPlanner:
         with self._lock:
             if not self._latencies:
                 return None
-            ordered = sorted(self._latencies)
-            return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)] + self._unseen_ns()
+            return _p99(self._latencies) + self._unseen_ns()
 
     def target(self, now_ns: int) -> Target:
         """The current target, decided again at most every ``refresh_ns``."""
@@ -280,6 +280,7 @@ class EfficiencyPlanner:
         if e0 <= 0:
             return Target(1, 0, f"{basis}: no fixed cost per batch, waiting saves nothing", "no_fixed_cost")
         slo = self.settings.latency_slo_ns
+        unseen = self._unseen_ns()
         allowed = knob * self.safety
         # The batch the load forms anyway, without waiting: what arrives while one batch runs. Waiting must
         # beat that, not a batch of one.
@@ -292,7 +293,7 @@ class EfficiencyPlanner:
             run_ns = max(0.0, t0 + t1 * rows)
             # A request may also wait behind the batch before it: two batch times come off the objective,
             # and the wait before the server sees it.
-            headroom = slo - 2 * run_ns - self._unseen
+            headroom = slo - 2 * run_ns - unseen
             if headroom <= 0:
                 break
             wait = (rows - 1) / rate if rate > 0 else math.inf
@@ -308,7 +309,7 @@ class EfficiencyPlanner:
         # The longest the oldest request may wait: the expected fill time with a margin for arrival noise,
         # never past the share of the headroom the knob allows.
         run_ns = max(0.0, t0 + t1 * best_rows)
-        wait_cap = int(allowed * (slo - 2 * run_ns - self._unseen))
+        wait_cap = int(allowed * (slo - 2 * run_ns - unseen))
         wait_ns = min(wait_cap, int(best_wait * 1.5) + 1)
         return Target(
             best_rows, max(0, wait_ns), f"{basis}: {best_rows} rows within {wait_ns / 1e6:.2f} ms", "waiting"
