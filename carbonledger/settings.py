@@ -171,6 +171,8 @@ CARBON_AWARE = env_bool("CARBON_AWARE", True)
 CARBON_AWARE_EFFICIENCY = env_float("CARBON_AWARE_EFFICIENCY", 1.0, minimum=0.0, maximum=1.0)
 CARBON_AWARE_PERCENTILE = env_int("CARBON_AWARE_PERCENTILE", 75, minimum=1, maximum=99)
 CARBON_SIGNAL_INTERVAL_S = env_float("CARBON_SIGNAL_INTERVAL_S", 300.0, minimum=1.0)
+# How long a provider's forecast (INTENSITY_PROVIDERS) is reused by the carbon-aware signal before it is asked again.
+CARBON_FORECAST_REFRESH_S = env_float("CARBON_FORECAST_REFRESH_S", 900.0, minimum=1.0)
 
 # -- carbon -------------------------------------------------------------------------------------
 # Where an import holds both a direct and a lifecycle factor for the same zone and period, use this

@@ -14,7 +14,7 @@ from typing import Any
 from django.db.models import Count, Max, Q, Sum
 
 from carbonledger import co2e
-from carbonledger.carbon.selectors import PueHistory, factor_owners, factor_set
+from carbonledger.carbon.selectors import PueHistory, factor_owners, factor_set, provider_forecast
 from carbonledger.intensity_providers import IntensityProvider
 from carbonledger.models import (
     Device,
@@ -90,20 +90,10 @@ def intensity_outlook(
     """The expected intensity of ``zone`` for every UTC hour in [first_hour, last_hour]: a provider's
     forecast when one answers, else the hourly series, else the expected profile of the series' most recent
     ``profile_days`` days (same hour of day), else the zone's annual factor."""
-    notes: list[str] = []
     end = last_hour + planning.HOUR
-    forecast: dict[datetime, Decimal] = {}
-    for provider in providers:
-        name = str(getattr(provider, "name", type(provider).__name__))
-        try:
-            readings = provider.forecast(zone, first_hour, end)
-        except Exception as exc:  # a provider's failure must never stop a submission
-            notes.append(f"the forecast of {name} failed ({exc}); the hourly series was used instead")
-            continue
-        if readings:
-            forecast = {r.period_start: r.intensity_g_per_kwh for r in readings}
-            notes.append(f"forecast of {name} for {len(forecast)} hour(s) ({readings[0].source})")
-            break
+    outlook = provider_forecast(zone, first_hour, end, providers)
+    notes = list(outlook.notes)
+    forecast = outlook.hours
     factors = factor_set([zone], organization_id, first_hour, end)
     last_covered = (
         EmissionFactor.objects.filter(factor_owners(organization_id), zone=zone, granularity="hour")

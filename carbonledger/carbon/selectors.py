@@ -4,8 +4,10 @@ calculation uses, turned into the pure core's types (:mod:`carbonledger.co2e`), 
 from __future__ import annotations
 
 import bisect
+import threading
+import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -15,6 +17,7 @@ from django.conf import settings
 from django.db.models import Q, Sum
 
 from carbonledger import co2e
+from carbonledger.intensity_providers import IntensityProvider
 from carbonledger.models import (
     ContractualInstrument,
     EmissionFactor,
@@ -455,24 +458,113 @@ def _percentile(values: list[Decimal], percent: int) -> Decimal:
     return ordered[rank - 1]
 
 
-def grid_signal(site: Any, now: datetime) -> GridSignal:
-    """The site's carbon-aware state at ``now``: the intensity of the hour (else of the year, as the
-    inventory would choose it) and the site's threshold, or the percentile of the zone's last 30 days of
-    hourly figures (``carbon_threshold_percentile``, else ``CARBON_AWARE_PERCENTILE``)."""
+@dataclass(frozen=True)
+class ZoneForecast:
+    """A provider's forecast intensity of one zone, per UTC hour, with what was tried to get it."""
+
+    hours: dict[datetime, Decimal]
+    provider: str  # the provider that answered; empty when none did
+    source: str  # the provider's own source line of its readings
+    notes: tuple[str, ...]  # each provider tried, and why one failed
+
+
+def provider_forecast(
+    zone: str, start: datetime, end: datetime, providers: Sequence[IntensityProvider]
+) -> ZoneForecast:
+    """The first answer of ``providers`` (in order) for the forecast of ``zone`` over [start, end).
+
+    A provider's failure is a note, never an error: callers fall back to the hourly series."""
+    notes: list[str] = []
+    for provider in providers:
+        name = str(getattr(provider, "name", type(provider).__name__))
+        try:
+            readings = provider.forecast(zone, start, end)
+        except Exception as exc:  # a remote service: any failure means "no forecast from it"
+            notes.append(f"the forecast of {name} failed ({exc}); the hourly series was used instead")
+            continue
+        if readings:
+            hours = {r.period_start: r.intensity_g_per_kwh for r in readings}
+            notes.append(f"forecast of {name} for {len(hours)} hour(s) ({readings[0].source})")
+            return ZoneForecast(hours, name, readings[0].source, tuple(notes))
+        notes.append(f"{name} gave no forecast for {zone}")
+    return ZoneForecast({}, "", "", tuple(notes))
+
+
+# (zone, hour) -> (monotonic time fetched, forecast): the gateway's signal refreshes every few minutes
+# and the dashboard reads it on every load; a remote provider is asked at most once per
+# CARBON_FORECAST_REFRESH_S per zone and hour (failures included, so a provider that is down does not
+# slow every page).
+_forecast_cache: dict[tuple[str, datetime], tuple[float, ZoneForecast]] = {}
+_forecast_lock = threading.Lock()
+
+
+def configured_forecast(zone: str, hour: datetime) -> ZoneForecast | None:
+    """The forecast of ``zone`` from the configured providers (``INTENSITY_PROVIDERS``) for the 24 hours
+    from ``hour``, cached; None when no provider is configured."""
+    if not settings.INTENSITY_PROVIDERS:
+        return None
+    key = (zone, hour)
+    now = time.monotonic()
+    with _forecast_lock:
+        cached = _forecast_cache.get(key)
+        if cached is not None and now - cached[0] < settings.CARBON_FORECAST_REFRESH_S:
+            return cached[1]
+    from django.core.exceptions import ImproperlyConfigured
+
+    from carbonledger.carbon.services import configured_providers
+
+    try:
+        providers = configured_providers()
+    except ImproperlyConfigured as exc:
+        forecast = ZoneForecast({}, "", "", (f"no forecast: {exc}",))
+    else:
+        forecast = provider_forecast(zone, hour, hour + FORECAST_HORIZON, providers)
+    with _forecast_lock:
+        for stale in [k for k in _forecast_cache if k[1] < hour]:
+            del _forecast_cache[stale]
+        _forecast_cache[key] = (now, forecast)
+    return forecast
+
+
+FORECAST_HORIZON = timedelta(hours=24)
+_USE_CONFIGURED: Any = object()
+
+
+def grid_signal(site: Any, now: datetime, *, forecast: ZoneForecast | None = _USE_CONFIGURED) -> GridSignal:
+    """The site's carbon-aware state at ``now``: the intensity of the hour and the site's threshold, or the
+    percentile (``carbon_threshold_percentile``, else ``CARBON_AWARE_PERCENTILE``) of the zone's hourly
+    figures of the last 30 days together with the forecast hours of the next 24.
+
+    The hour's intensity is the forecast's (``INTENSITY_PROVIDERS``, or ``forecast`` when given) when it
+    covers the hour, else the hourly series', else the year's, as the inventory would choose it.
+    """
     hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     zone = site.zone
+    if forecast is _USE_CONFIGURED:
+        forecast = configured_forecast(zone, hour)
     factors = factor_set([zone], site.organization_id, hour - timedelta(days=30), hour + timedelta(hours=1))
     intensity: Decimal | None = None
-    try:
-        choice = co2e.select_factor(zone, hour, factors.candidates(zone, hour))
-    except (co2e.NoFactor, co2e.AmbiguousFactor) as exc:
-        intensity_source = f"no figure: {exc}"
+    forecast_note = (
+        "; ".join(n for n in forecast.notes if "failed" in n or "no forecast" in n) if forecast else ""
+    )
+    if forecast is not None and hour in forecast.hours:
+        intensity = forecast.hours[hour]
+        intensity_source = (
+            f"the forecast of {forecast.provider} for {hour:%Y-%m-%d %H}:00 UTC ({forecast.source})"
+        )
     else:
-        intensity = choice.factor.intensity_g_per_kwh
-        intensity_source = {
-            "hour": f"the hourly figure of {hour:%Y-%m-%d %H}:00 UTC",
-            "year": f"the annual figure of {hour.year} (no hourly figure for this hour)",
-        }.get(choice.match, f"the annual figure of {choice.factor.period_start.year} (nearest year)")
+        try:
+            choice = co2e.select_factor(zone, hour, factors.candidates(zone, hour))
+        except (co2e.NoFactor, co2e.AmbiguousFactor) as exc:
+            intensity_source = f"no figure: {exc}"
+        else:
+            intensity = choice.factor.intensity_g_per_kwh
+            intensity_source = {
+                "hour": f"the hourly figure of {hour:%Y-%m-%d %H}:00 UTC",
+                "year": f"the annual figure of {hour.year} (no hourly figure for this hour)",
+            }.get(choice.match, f"the annual figure of {choice.factor.period_start.year} (nearest year)")
+        if forecast_note:
+            intensity_source = f"{intensity_source}; {forecast_note}"
     if site.carbon_threshold_g_per_kwh is not None:
         threshold: Decimal | None = Decimal(site.carbon_threshold_g_per_kwh)
         threshold_source = "the site's threshold"
@@ -483,15 +575,20 @@ def grid_signal(site: Any, now: datetime) -> GridSignal:
             for (z, start), f in factors.hourly.items()
             if z == zone and hour - timedelta(days=30) <= start < hour
         ]
-        if len(recent) >= 24:
-            threshold = _percentile(recent, percent)
-            threshold_source = (
-                f"the {percent}th percentile of {len(recent)} hourly figures of the last 30 days"
-            )
+        ahead = (
+            [v for h, v in forecast.hours.items() if hour <= h < hour + FORECAST_HORIZON] if forecast else []
+        )
+        figures = recent + ahead
+        counted = f"{len(recent)} hourly figures of the last 30 days"
+        if ahead:
+            counted += f" and {len(ahead)} forecast hours of {forecast.provider if forecast else ''}"
+        if len(figures) >= 24:
+            threshold = _percentile(figures, percent)
+            threshold_source = f"the {percent}th percentile of {counted}"
         else:
             threshold = None
             threshold_source = (
-                f"unknown: {len(recent)} hourly figures in the last 30 days (24 needed for a percentile); "
-                "import an hourly series or set the site's threshold"
+                f"unknown: {counted} (24 needed for a percentile); "
+                "import an hourly series, configure a forecast provider or set the site's threshold"
             )
     return GridSignal(zone, intensity, intensity_source, threshold, threshold_source)

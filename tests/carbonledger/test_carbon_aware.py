@@ -12,9 +12,11 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from carbonledger.carbon import selectors as carbon_selectors
 from carbonledger.carbon import services as carbon
 from carbonledger.carbon.selectors import grid_signal
 from carbonledger.gateway_app import GridSignalService
+from carbonledger.intensity_providers import ProviderReading
 from carbonledger.ledger_writer import default_site
 from carbonledger.services import ServiceError, api_key_create, organization_create, user_create
 from inference.variants import GridState
@@ -173,3 +175,115 @@ def test_an_operator_sets_the_gateway_site_s_threshold_with_a_command(settings) 
         call_command("carbon_threshold", "--percentile", "0", stdout=StringIO())
     with pytest.raises(CommandError, match="no site with id 999999"):
         call_command("carbon_threshold", "--site", "999999", stdout=StringIO())
+
+
+# -- a forecast provider (a remote service, faked at its boundary) ------------------------------------
+
+
+class HourForecast:
+    """Forecasts 400 g/kWh for the hour it is asked from and 101, 102, ... for the hours after it."""
+
+    name = "fake-forecast"
+    calls = 0
+
+    def history(self, zone: str, start: datetime, end: datetime) -> list[ProviderReading]:
+        return []
+
+    def forecast(self, zone: str, start: datetime, end: datetime) -> list[ProviderReading]:
+        type(self).calls += 1
+        out = []
+        hour, step = start, 0
+        while hour < end:
+            out.append(
+                ProviderReading(
+                    zone=zone,
+                    period_start=hour,
+                    period_end=hour + timedelta(hours=1),
+                    intensity_g_per_kwh=Decimal(400 if step == 0 else 100 + step),
+                    basis="direct",
+                    signal="carbonIntensity",
+                    source="fake forecast feed",
+                    licence="test",
+                    url="http://forecast.invalid",
+                    estimated=True,
+                    forecast=True,
+                )
+            )
+            hour, step = hour + timedelta(hours=1), step + 1
+        return out
+
+
+class DownForecast(HourForecast):
+    def forecast(self, zone: str, start: datetime, end: datetime) -> list[ProviderReading]:
+        type(self).calls += 1
+        raise RuntimeError("provider down")
+
+
+@pytest.fixture
+def forecasts(settings):  # type: ignore[no-untyped-def]
+    carbon_selectors._forecast_cache.clear()
+    HourForecast.calls = DownForecast.calls = 0
+    settings.CARBON_FORECAST_REFRESH_S = 3600
+    yield settings
+    carbon_selectors._forecast_cache.clear()
+
+
+def test_a_configured_forecast_gives_the_hour_s_intensity_and_joins_the_percentile(forecasts) -> None:  # type: ignore[no-untyped-def]
+    forecasts.INTENSITY_PROVIDERS = [f"{__name__}.HourForecast"]
+    site = _site()  # no hourly series: without the forecast the threshold would be unknown
+    now = timezone.now()
+    signal = grid_signal(site, now)
+    assert signal.intensity_g_per_kwh == Decimal(400)
+    assert "the forecast of fake-forecast" in signal.intensity_source
+    assert "fake forecast feed" in signal.intensity_source
+    # 24 forecast hours: 400 and 101..123; the 75th percentile (nearest rank 18) is 118.
+    assert signal.threshold_g_per_kwh == Decimal(118)
+    assert signal.threshold_source == (
+        "the 75th percentile of 0 hourly figures of the last 30 days and 24 forecast hours of fake-forecast"
+    )
+    assert signal.mode == "efficiency"
+    # The series of the last 30 days counts with the forecast: 48 hours at 500 g/kWh raise the threshold.
+    carbon.factor_import_csv(data=_series("FR", now, [*([500] * 48), 500]), name="fr-high.csv")
+    signal = grid_signal(site, now)
+    assert signal.intensity_g_per_kwh == Decimal(400)  # the forecast's figure for the hour comes first
+    assert signal.threshold_g_per_kwh == Decimal(500) and signal.mode == "normal"
+    assert "48 hourly figures of the last 30 days and 24 forecast hours" in signal.threshold_source
+
+
+def test_the_forecast_is_fetched_once_per_refresh_period(forecasts) -> None:  # type: ignore[no-untyped-def]
+    forecasts.INTENSITY_PROVIDERS = [f"{__name__}.HourForecast"]
+    site = _site()
+    now = timezone.now()
+    for _ in range(3):
+        assert grid_signal(site, now).intensity_g_per_kwh == Decimal(400)
+    assert HourForecast.calls == 1
+    forecasts.CARBON_FORECAST_REFRESH_S = 0.0
+    grid_signal(site, now)
+    assert HourForecast.calls == 2
+
+
+def test_a_failing_forecast_provider_falls_back_to_the_series_and_says_why(forecasts) -> None:  # type: ignore[no-untyped-def]
+    forecasts.INTENSITY_PROVIDERS = [f"{__name__}.DownForecast"]
+    site = _site()
+    now = timezone.now()
+    carbon.factor_import_csv(data=_series("FR", now, [*range(1, 100), 90]), name="fr-hourly.csv")
+    signal = grid_signal(site, now)
+    assert signal.intensity_g_per_kwh == Decimal(90)
+    assert "hourly figure" in signal.intensity_source
+    assert "the forecast of fake-forecast failed (provider down)" in signal.intensity_source
+    assert signal.threshold_g_per_kwh == Decimal(75) and signal.mode == "efficiency"
+    grid_signal(site, now)
+    assert DownForecast.calls == 1  # a provider that is down is not asked again on every read
+
+
+def test_the_gateway_service_uses_the_configured_forecast(forecasts) -> None:  # type: ignore[no-untyped-def]
+    forecasts.INTENSITY_PROVIDERS = [f"{__name__}.HourForecast"]
+    carbon.load_shipped_factors()
+    forecasts.SITE_ZONE = "FR"
+    default_site()
+    service = GridSignalService(interval_s=3600)
+    service.grid = GridState()
+    service.refresh()
+    assert service.grid.mode == "efficiency"
+    assert (service.grid.intensity_g_per_kwh, service.grid.threshold_g_per_kwh) == (400.0, 118.0)
+    assert "forecast of fake-forecast" in service.grid.source
