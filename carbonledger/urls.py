@@ -8,6 +8,7 @@ from carbonledger.carbon import api as carbon_api
 from carbonledger.dashboard import views as dashboard
 from carbonledger.static_files import static_file
 from jobs import api as jobs_api
+from jobs import views as jobs_views
 from reports import api as reports_api
 
 urlpatterns = [
@@ -27,6 +28,9 @@ urlpatterns = [
     path("dashboard/carbon", dashboard.carbon_page, name="dashboard-carbon"),
     path("dashboard/reports", dashboard.reports_page, name="dashboard-reports"),
     path("dashboard/settings", dashboard.settings_page, name="dashboard-settings"),
+    path("dashboard/jobs", jobs_views.jobs_page, name="dashboard-jobs"),
+    path("dashboard/jobs/<int:pk>", jobs_views.job_page, name="dashboard-job"),
+    path("dashboard/jobs/<int:pk>/retry", jobs_views.job_retry_page, name="dashboard-job-retry"),
     path("static/<path:path>", static_file, name="static"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from tests.support.gateway_process import REPO_ROOT, GatewayProcess, gateway_env
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = REPO_ROOT / "test-artifacts" / "screenshots"
 PASSWORD = "a-long-test-password-42"
-PAGES = ("", "models", "energy", "carbon", "reports", "settings")
+PAGES = ("", "models", "energy", "carbon", "reports", "jobs", "settings")
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +126,32 @@ def test_a_settings_form_rejects_bad_input_next_to_the_field(page: Page) -> None
     page.click("#site-form button")
     assert page.eval_on_selector("#id_site-pue", "e => e.validationMessage")
     page.screenshot(path=str(SCREENSHOTS / "settings-error.png"), full_page=True)
+
+
+def test_a_job_is_submitted_from_the_form_and_its_window_shown(page: Page, tmp_path: Path) -> None:
+    x = ",".join(str((i % 7) / 7) for i in range(256))
+    line = '{"inputs": [{"name": "x", "shape": [1, 256], "datatype": "FP32", "data": [' + x + "]}]}"
+    upload = tmp_path / "two.jsonl"
+    upload.write_text(line + "\n" + line + "\n")
+    page.goto("/dashboard/jobs")
+    page.set_input_files("#id_file", str(upload))
+    page.fill("#id_model", "linear")
+    deadline = datetime.now(UTC) + timedelta(hours=3)
+    page.fill("#id_deadline", deadline.strftime("%Y-%m-%d %H:%M"))
+    page.click("#job-form button")
+    page.wait_for_load_state()
+    assert "/dashboard/jobs/" in page.url, page.inner_text("#job-form")
+    assert "linear" in page.inner_text("h1")
+    window = page.inner_text("#job-window")
+    assert "Planned start" in window and "g CO2e/kWh" in window
+    assert "of 2 requests answered" in page.inner_text("#job-status")
+    page.screenshot(path=str(SCREENSHOTS / "job.png"), full_page=True)
+    # A deadline in the past is refused next to the form, with the service's reason.
+    page.goto("/dashboard/jobs")
+    page.set_input_files("#id_file", str(upload))
+    page.fill("#id_model", "linear")
+    page.fill("#id_deadline", "2001-01-01 00:00")
+    page.click("#job-form button")
+    assert page.inner_text("#job-form").count("is in the past") == 1
+    page.screenshot(path=str(SCREENSHOTS / "jobs-error.png"), full_page=True)
+    assert page.console_errors == []  # type: ignore[attr-defined]

@@ -23,6 +23,7 @@ PAGES = (
     "/dashboard/energy",
     "/dashboard/carbon",
     "/dashboard/reports",
+    "/dashboard/jobs",
     "/dashboard/settings",
 )
 

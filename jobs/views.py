@@ -1,0 +1,89 @@
+"""Dashboard pages of deferred jobs: the organization's jobs and a submission form (admin role), and one job
+with its window and why, progress, emissions and the counterfactual estimate, and a retry when it failed."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.views.decorators.http import require_POST
+
+from carbonledger.dashboard.views import _can, _org_id, _page, member
+from carbonledger.services import ServiceError
+from jobs import selectors
+from jobs.forms import JobForm
+from jobs.models import Job
+from jobs.services import job_retry, job_submit
+
+
+def _job(request: HttpRequest, pk: int) -> Job:
+    job = selectors.job_of(_org_id(request), pk)
+    if job is None:
+        raise Http404(f"no job {pk} in your organization")
+    return job
+
+
+@member
+def jobs_page(request: HttpRequest) -> HttpResponse:
+    form = JobForm(request.POST or None, request.FILES or None)
+    if request.method == "POST":
+        if not _can(request, "admin"):
+            raise PermissionDenied("submitting jobs needs the admin role")
+        if form.is_valid():
+            upload = form.cleaned_data["file"]
+            if upload.size is not None and upload.size > settings.JOBS_MAX_FILE_BYTES:
+                form.add_error(
+                    "file",
+                    f"the file is {upload.size} bytes; at most {settings.JOBS_MAX_FILE_BYTES} (JOBS_MAX_FILE_BYTES)",
+                )
+            else:
+                try:
+                    job = job_submit(
+                        organization=request.membership.organization,  # type: ignore[attr-defined]
+                        data=upload.read(),
+                        model=form.cleaned_data["model"],
+                        version=form.cleaned_data["version"],
+                        deadline=form.cleaned_data["deadline"],
+                        input_name=upload.name or "",
+                        submitted_by=f"user:{request.user}",
+                    )
+                except ServiceError as exc:
+                    form.add_error(None, str(exc))
+                else:
+                    messages.success(request, f"Job {job.pk} accepted: {job.plan.get('reason', '')}")
+                    return HttpResponseRedirect(f"/dashboard/jobs/{job.pk}")
+    jobs = selectors.jobs_of(_org_id(request), limit=100)
+    return _page(request, "dashboard/jobs.html", "jobs", form=form, jobs=jobs)
+
+
+@member
+def job_page(request: HttpRequest, pk: int) -> HttpResponse:
+    job = _job(request, pk)
+    emissions = selectors.job_emissions(job)
+    counterfactual = emissions.pop("counterfactual", None)
+    return _page(
+        request,
+        "dashboard/job.html",
+        "jobs",
+        job=job,
+        plan=job.plan,
+        emissions=emissions,
+        counterfactual=counterfactual,
+        percent=round(100 * job.done_requests / job.request_count) if job.request_count else 0,
+    )
+
+
+@require_POST
+@member
+def job_retry_page(request: HttpRequest, pk: int) -> HttpResponse:
+    if not _can(request, "admin"):
+        raise PermissionDenied("retrying jobs needs the admin role")
+    job = _job(request, pk)
+    try:
+        job = job_retry(job=job)
+    except ServiceError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Job {job.pk} will run again: {job.plan.get('reason', '')}")
+    return HttpResponseRedirect(f"/dashboard/jobs/{job.pk}")
