@@ -170,6 +170,7 @@ def main() -> int:
             # What the drain_ledger process runs: the next chunk is prepared while this one is inserted.
             written_lines += writer.drain_available(until=deadline)
         elapsed = time.perf_counter() - start
+        writer.stop()  # and its preparer process, when the backlog started one
         producer.terminate()
         producer.wait(10)
         # The writer drains only inside the measured window, so every committed request record

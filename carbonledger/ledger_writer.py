@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import io
 import logging
+import multiprocessing
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,7 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, close_old_connections, connection, transaction
 from psycopg.copy import Copy, FileWriter
 
+from carbonledger import ledger_preparer
 from carbonledger.ledger import CHAIN_COLUMNS, KINDS, RecordKind, link_hash, normalize, normalizer
 from carbonledger.models import Device, LedgerChain, LedgerRequestEnergy, Site
 from inference.spool import Spool, SpoolPosition, SpoolReader
@@ -79,10 +82,10 @@ def copy_payload(cursor: Any, kind: RecordKind, rows: list[tuple[Any, ...]]) -> 
     return out.getvalue()
 
 
-def bulk_insert(kind: RecordKind, rows: list[tuple[Any, ...]], payload: bytes | None = None) -> None:
+def bulk_insert(kind: RecordKind, rows: list[tuple[Any, ...]] | None, payload: bytes | None = None) -> None:
     """Insert many rows fast: binary COPY on PostgreSQL (of ``payload`` when formatted ahead by
     ``copy_payload``), executemany on SQLite."""
-    if not rows:
+    if not rows and payload is None:
         return
     columns = CHAIN_COLUMNS + kind.fields
     table = kind.table
@@ -94,7 +97,7 @@ def bulk_insert(kind: RecordKind, rows: list[tuple[Any, ...]], payload: bytes | 
             # as text COPY here. Django's wrapper maps psycopg's errors to django.db's.
             sql = f"COPY {table} ({cols}) FROM STDIN (FORMAT BINARY)"
             if payload is None:
-                payload = copy_payload(raw, kind, rows)
+                payload = copy_payload(raw, kind, rows or [])
             with connection.wrap_database_errors, raw.copy(sql) as copy:
                 copy.write(payload)
         else:
@@ -150,7 +153,10 @@ class PreparedChunk:
     end: SpoolPosition
     lines: int
     devices: list[dict[str, Any]]
-    records: list[dict[str, Any]]  # devices included: chaining skips them
+    # Devices included (chaining skips them). None for a chunk prepared in the preparer process, which
+    # sends back only its COPY streams: ``parsed_records`` parses ``raw`` again if the chunk must be re-chained.
+    records: list[dict[str, Any]] | None
+    raw: list[bytes] | None = None  # the spool lines
     chain_pk: int | None = None
     head_seq: int = 0
     head_hash: str = ""
@@ -159,16 +165,25 @@ class PreparedChunk:
     end_hash: str = ""
     payloads: dict[str, bytes] | None = None  # binary COPY streams of ``rows``, per kind
 
+    def parsed_records(self) -> list[dict[str, Any]]:
+        if self.records is None:
+            self.records = _parse(self.raw or [])
+        return self.records
+
     def chain_from(self, head: tuple[int, int, str], copy_cursor: Any = None) -> None:
         self.chain_pk, self.head_seq, self.head_hash = head
-        self.rows, self.end_seq, self.end_hash, self.devices = _chain(*head, self.records)
+        self.rows, self.end_seq, self.end_hash, self.devices = _chain(*head, self.parsed_records())
         if copy_cursor is not None:
             self.payloads = {k: copy_payload(copy_cursor, KINDS[k], rows) for k, rows in self.rows.items()}
 
     @property
+    def chained(self) -> bool:
+        return self.chain_pk is not None and (self.rows is not None or self.payloads is not None)
+
+    @property
     def end_head(self) -> tuple[int, int, str] | None:
         """The chain head after this chunk, when it was chained ahead."""
-        if self.rows is None or self.chain_pk is None:
+        if not self.chained or self.chain_pk is None:
             return None
         return self.chain_pk, self.end_seq, self.end_hash
 
@@ -213,10 +228,9 @@ def commit_chunk(chain_id: str, chunk: PreparedChunk) -> tuple[int, tuple[int, i
             raise PositionMoved(at)
         if chunk.devices:
             upsert_devices(chunk.devices)
-        chained = chunk.records
         try:
             with transaction.atomic():
-                if chunk.rows is not None and (chunk.chain_pk, chunk.head_seq, chunk.head_hash) == (
+                if chunk.chained and (chunk.chain_pk, chunk.head_seq, chunk.head_hash) == (
                     chain.pk,
                     chain.head_seq,
                     chain.head_hash,
@@ -225,12 +239,11 @@ def commit_chunk(chain_id: str, chunk: PreparedChunk) -> tuple[int, tuple[int, i
                     written = chunk.end_seq - chain.head_seq
                     chain.head_seq, chain.head_hash = chunk.end_seq, chunk.end_hash
                 else:
-                    written = _chain_and_insert(chain, chained)
+                    written = _chain_and_insert(chain, chunk.parsed_records())
         except IntegrityError:
             # Only a record already in the ledger can collide (the same id spooled twice):
             # drop those and chain the rest, so the ledger holds each id exactly once.
-            chained = _without_existing(chained)
-            written = _chain_and_insert(chain, chained)
+            written = _chain_and_insert(chain, _without_existing(chunk.parsed_records()))
         with connection.cursor() as cur:
             cur.execute(
                 f"UPDATE {LedgerChain._meta.db_table} SET head_seq = %s, head_hash = %s, spool_position = %s "
@@ -304,10 +317,12 @@ def _chain(
     return rows, seq, prev, devices
 
 
-def _insert(rows: dict[str, list[tuple[Any, ...]]], payloads: dict[str, bytes] | None = None) -> None:
+def _insert(rows: dict[str, list[tuple[Any, ...]]] | None, payloads: dict[str, bytes] | None = None) -> None:
+    """Insert a chunk's rows per kind, or their COPY streams formatted ahead (PostgreSQL)."""
     for k in KIND_ORDER:
-        if rows.get(k):
-            bulk_insert(KINDS[k], rows[k], payloads.get(k) if payloads else None)
+        payload = payloads.get(k) if payloads else None
+        if (rows and rows.get(k)) or payload is not None:
+            bulk_insert(KINDS[k], rows.get(k) if rows else None, payload)
 
 
 def _chain_and_insert(chain: LedgerChain, records: list[dict[str, Any]]) -> int:
@@ -374,11 +389,16 @@ class LedgerWriter:
         interval_s: float = 0.2,
         max_chunk_bytes: int = 4 << 20,
         max_backoff_s: float = 5.0,
+        preparer_min_backlog_bytes: int | None = 16 << 20,
     ) -> None:
+        """``preparer_min_backlog_bytes``: on PostgreSQL, from this backlog on the next chunks are prepared in a
+        preparer process rather than on a helper thread (None: never)."""
         self.spool = spool
         self.interval_s = interval_s
         self.max_chunk_bytes = max_chunk_bytes
         self.max_backoff_s = max_backoff_s
+        self.preparer_min_backlog_bytes = preparer_min_backlog_bytes
+        self._preparer: ProcessPoolExecutor | None = None
         self.position = SpoolPosition.start()
         self.records_written = 0
         self.last_error = ""
@@ -418,7 +438,49 @@ class LedgerWriter:
         if self._helper is not None:
             self._helper.shutdown(wait=True, cancel_futures=True)
             self._helper = None
+        self._stop_preparer()
         connection.close()
+
+    def _preparer_failed(self, exc: BaseException) -> None:
+        """The preparer died (killed, out of memory): prepare here, and start a new one on the next drain."""
+        log.warning("ledger writer: the preparer process failed (%s); preparing here", exc)
+        if self._preparer is not None:
+            self._preparer.shutdown(wait=False, cancel_futures=True)
+            self._preparer = None
+
+    def _stop_preparer(self) -> None:
+        if self._preparer is not None:
+            self._preparer.shutdown(wait=True, cancel_futures=True)
+            self._preparer = None
+
+    def _preparer_for_backlog(self) -> ProcessPoolExecutor | None:
+        """The preparer process when the backlog is worth it (started on first need, kept until ``stop``).
+
+        A helper thread shares this process's GIL with the thread that feeds PostgreSQL, which then waits for
+        it after every socket wait; a process of its own does not (bench/ledger_ingest.py). Starting one takes
+        about a second, so it is for catching up on a large backlog, not for the steady trickle.
+        """
+        if (
+            connection.vendor != "postgresql"
+            or self.preparer_min_backlog_bytes is None
+            or not settings.LEDGER_PREPARE_PROCESS
+        ):
+            return None
+        if self._preparer is None:
+            if self.spool.backlog_bytes < self.preparer_min_backlog_bytes:
+                return None
+            info = connection.connection.info
+            self._preparer = ProcessPoolExecutor(
+                1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=ledger_preparer.init,
+                initargs=(info.dsn, info.password),
+            )
+            log.info(
+                "ledger writer: %d bytes wait; preparing chunks in a preparer process",
+                self.spool.backlog_bytes,
+            )
+        return self._preparer
 
     def drain_once(self) -> int:
         """Write one chunk; returns the number of spool lines consumed (0 when nothing is waiting)."""
@@ -465,20 +527,31 @@ class LedgerWriter:
         if connection.vendor == "postgresql":
             connection.ensure_connection()
             copy_cursor = connection.connection.cursor()  # lends adapters to the helper; never executes
+        preparer = self._preparer_for_backlog()
         ahead: Future[PreparedChunk] | None = None
         chunk = prepare_chunk(lines, self.position, end, self._head)
+        chunk.raw = lines
         try:
             while True:
-                if chunk.rows is None and self._head is not None:
+                if not chunk.chained and self._head is not None:
                     chunk.chain_from(self._head)  # parsed ahead before the head was known
                 following, after = self.spool.read(chunk.end, self.max_chunk_bytes)
-                ahead = (
-                    self._helper.submit(
-                        prepare_chunk, following, chunk.end, after, chunk.end_head, copy_cursor
-                    )
-                    if after != chunk.end
-                    else None
-                )
+                head = chunk.end_head
+                if after == chunk.end:
+                    ahead = None
+                else:
+                    ahead = None
+                    if preparer is not None and head is not None:
+                        try:
+                            ahead = preparer.submit(
+                                ledger_preparer.prepare, following, chunk.end, after, head
+                            )
+                        except BrokenProcessPool as exc:
+                            preparer = self._preparer_failed(exc)
+                    if ahead is None:
+                        ahead = self._helper.submit(
+                            prepare_chunk, following, chunk.end, after, head, copy_cursor
+                        )
                 if not self._commit(chunk):
                     return consumed
                 consumed += chunk.lines
@@ -488,7 +561,13 @@ class LedgerWriter:
                     or (stop and stop.is_set())
                 ):
                     return consumed
-                chunk, ahead = ahead.result(), None
+                try:
+                    chunk = ahead.result()
+                except BrokenProcessPool as exc:
+                    preparer = self._preparer_failed(exc)
+                    chunk = prepare_chunk(following, chunk.end, after, head, copy_cursor)
+                ahead = None
+                chunk.raw = following
         finally:
             if ahead is not None:
                 ahead.cancel()

@@ -143,6 +143,9 @@ LEDGER_WRITE_INTERVAL_S = env_float("LEDGER_WRITE_INTERVAL_S", 1.0, minimum=0.01
 # "process": a drain_ledger process of its own, started by the gateway (off the event loop's
 # GIL); "thread": inside the gateway process (tests that share the test database).
 LEDGER_WRITER = env_choice("LEDGER_WRITER", "process", ("process", "thread"))
+# On PostgreSQL, a writer with a large backlog prepares the next chunks (parse, chain, COPY format) in a process
+# of its own instead of a helper thread (bench/ledger_ingest.py).
+LEDGER_PREPARE_PROCESS = env_bool("LEDGER_PREPARE_PROCESS", True)
 LEDGER_WRITER_NICE = env_int("LEDGER_WRITER_NICE", 19, minimum=0)
 LEDGER_WRITER_SCHED_IDLE = env_bool("LEDGER_WRITER_SCHED_IDLE", False)  # tried: no measured gain over nice 19
 METERS = env_str("METERS", "auto")  # auto, or a comma list of nvml, rapl, triton, cpu-model

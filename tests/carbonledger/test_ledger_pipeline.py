@@ -30,14 +30,28 @@ def _spool(path: Path, batches: list[list[bytes]]) -> Spool:
     return spool
 
 
-def test_pipelined_drain_writes_every_chunk_and_the_chain_verifies(tmp_path: Path) -> None:
+# On PostgreSQL, with a backlog over ``preparer_min_backlog_bytes`` the chunks ahead are prepared in a
+# preparer process (0: always); the thread path is the default below that, and the only one on SQLite.
+PREPARERS = [None, 0]
+
+
+def _uses_preparer(preparer: int | None) -> bool:
+    return preparer is not None and connection.vendor == "postgresql"
+
+
+@pytest.mark.parametrize("preparer", PREPARERS)
+def test_pipelined_drain_writes_every_chunk_and_the_chain_verifies(
+    tmp_path: Path, preparer: int | None
+) -> None:
     org = OrganizationFactory()
     batches = [lines_for_batch(org.pk, requests=4, prefix="p") for _ in range(12)]
     spool = _spool(tmp_path / "spool", [lines for lines, _ in batches])
-    writer = LedgerWriter(spool, max_chunk_bytes=SMALL_CHUNK)
+    writer = LedgerWriter(spool, max_chunk_bytes=SMALL_CHUNK, preparer_min_backlog_bytes=preparer)
     writer.recover()
 
     consumed = writer.drain_available()
+
+    assert (writer._preparer is not None) == _uses_preparer(preparer)
 
     assert consumed == sum(len(lines) for lines, _ in batches)
     ids = [rid for _, rids in batches for rid in rids]
@@ -68,7 +82,10 @@ def test_pipelined_drain_stops_at_its_deadline_and_the_next_call_goes_on(tmp_pat
     spool.close()
 
 
-def test_a_duplicate_chunk_rechains_the_chunk_prepared_behind_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("preparer", PREPARERS)
+def test_a_duplicate_chunk_rechains_the_chunk_prepared_behind_it(
+    tmp_path: Path, preparer: int | None
+) -> None:
     org = OrganizationFactory()
     old, old_ids = lines_for_batch(org.pk, prefix="dup")
     first = _spool(tmp_path / "first", [old])
@@ -80,10 +97,12 @@ def test_a_duplicate_chunk_rechains_the_chunk_prepared_behind_it(tmp_path: Path)
     # A second spool replays the old batch first: its commit drops the duplicates, so the chain
     # head is not where the next chunk (prepared meanwhile) was chained from.
     second = _spool(tmp_path / "second", [old, *(lines for lines, _ in new_batches)])
-    writer = LedgerWriter(second, max_chunk_bytes=SMALL_CHUNK)
+    writer = LedgerWriter(second, max_chunk_bytes=SMALL_CHUNK, preparer_min_backlog_bytes=preparer)
     writer.recover()
 
     writer.drain_available()
+
+    assert (writer._preparer is not None) == _uses_preparer(preparer)
 
     new_ids = [rid for _, rids in new_batches for rid in rids]
     assert LedgerRequest.objects.filter(request_id__in=old_ids).count() == len(old_ids)
@@ -209,3 +228,75 @@ def test_canonical_leaves_out_only_an_empty_optional_tail() -> None:
     )
     assert canonical("batch", 3, values) == b'["batch",3,"c.b","m","1","d",0,1,2,1,1,"ok"]'
     assert canonical("batch", 3, (*values[:-1], "int8")).endswith(b',"ok","int8"]')
+
+
+def test_a_preparer_process_that_dies_is_replaced_by_preparing_here(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the preparer process formats PostgreSQL COPY streams")
+    org = OrganizationFactory()
+    batches = [lines_for_batch(org.pk, requests=4, prefix="k") for _ in range(8)]
+    spool = _spool(tmp_path / "spool", [lines for lines, _ in batches])
+    writer = LedgerWriter(spool, max_chunk_bytes=SMALL_CHUNK, preparer_min_backlog_bytes=0)
+    writer.recover()
+    first = writer.drain_available(until=0.0)  # starts the preparer; one chunk, then stops
+    assert writer._preparer is not None
+    writer._preparer.submit(int).result()  # the process is up
+    for process in list(writer._preparer._processes.values()):  # type: ignore[attr-defined]
+        process.kill()  # as the kernel's OOM killer would
+        process.join(10)
+
+    rest = writer.drain_available()
+
+    assert "the preparer process failed" in caplog.text
+    assert first + rest == sum(len(lines) for lines, _ in batches)
+    ids = [rid for _, rids in batches for rid in rids]
+    assert LedgerRequest.objects.filter(request_id__in=ids).count() == len(ids)
+    assert [r.broken for r in verify_all()] == [None]
+    writer.stop()
+    spool.close()
+
+
+PARENT = """
+import multiprocessing, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from carbonledger import ledger_preparer
+
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(
+        1, mp_context=multiprocessing.get_context("spawn"), initializer=ledger_preparer.init, initargs=(sys.argv[1], None)
+    )
+    print(pool.submit(__import__("os").getpid).result(), flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_preparer_process_leaves_when_its_writer_is_killed(tmp_path: Path) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the preparer process formats PostgreSQL COPY streams")
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    connection.ensure_connection()
+    script = tmp_path / "writer.py"
+    script.write_text(PARENT)
+    root = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen(
+        [sys.executable, str(script), connection.connection.info.dsn],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)  # no chance to stop its pool
+    parent.wait(10)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
