@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import io
 import logging
-import multiprocessing
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +23,8 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, close_old_connections, connection, transaction
 from psycopg.copy import Copy, FileWriter
 
-from carbonledger import ledger_preparer
 from carbonledger.ledger import CHAIN_COLUMNS, KINDS, RecordKind, link_hash, normalize, normalizer
+from carbonledger.ledger_preparer import PreparerFailed, PreparerProcess
 from carbonledger.models import Device, LedgerChain, LedgerRequestEnergy, Site
 from inference.spool import Spool, SpoolPosition, SpoolReader
 
@@ -398,7 +396,7 @@ class LedgerWriter:
         self.max_chunk_bytes = max_chunk_bytes
         self.max_backoff_s = max_backoff_s
         self.preparer_min_backlog_bytes = preparer_min_backlog_bytes
-        self._preparer: ProcessPoolExecutor | None = None
+        self._preparer: PreparerProcess | None = None
         self.position = SpoolPosition.start()
         self.records_written = 0
         self.last_error = ""
@@ -443,17 +441,15 @@ class LedgerWriter:
 
     def _preparer_failed(self, exc: BaseException) -> None:
         """The preparer died (killed, out of memory): prepare here, and start a new one on the next drain."""
-        log.warning("ledger writer: the preparer process failed (%s); preparing here", exc)
-        if self._preparer is not None:
-            self._preparer.shutdown(wait=False, cancel_futures=True)
-            self._preparer = None
+        log.warning("ledger writer: %s; preparing here", exc)
+        self._stop_preparer()
 
     def _stop_preparer(self) -> None:
         if self._preparer is not None:
-            self._preparer.shutdown(wait=True, cancel_futures=True)
+            self._preparer.close()
             self._preparer = None
 
-    def _preparer_for_backlog(self) -> ProcessPoolExecutor | None:
+    def _preparer_for_backlog(self) -> PreparerProcess | None:
         """The preparer process when the backlog is worth it (started on first need, kept until ``stop``).
 
         A helper thread shares this process's GIL with the thread that feeds PostgreSQL, which then waits for
@@ -470,15 +466,15 @@ class LedgerWriter:
             if self.spool.backlog_bytes < self.preparer_min_backlog_bytes:
                 return None
             info = connection.connection.info
-            self._preparer = ProcessPoolExecutor(
-                1,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=ledger_preparer.init,
-                initargs=(info.dsn, info.password),
-            )
+            try:
+                self._preparer = PreparerProcess(info.dsn, info.password)
+            except (OSError, PreparerFailed) as exc:
+                log.warning("ledger writer: no preparer process (%s); preparing on a thread", exc)
+                return None
             log.info(
-                "ledger writer: %d bytes wait; preparing chunks in a preparer process",
+                "ledger writer: %d bytes wait; preparing chunks in process %d",
                 self.spool.backlog_bytes,
+                self._preparer.pid,
             )
         return self._preparer
 
@@ -529,6 +525,7 @@ class LedgerWriter:
             copy_cursor = connection.connection.cursor()  # lends adapters to the helper; never executes
         preparer = self._preparer_for_backlog()
         ahead: Future[PreparedChunk] | None = None
+        sent = False  # the chunk ahead is in the preparer process
         chunk = prepare_chunk(lines, self.position, end, self._head)
         chunk.raw = lines
         try:
@@ -537,40 +534,37 @@ class LedgerWriter:
                     chunk.chain_from(self._head)  # parsed ahead before the head was known
                 following, after = self.spool.read(chunk.end, self.max_chunk_bytes)
                 head = chunk.end_head
-                if after == chunk.end:
-                    ahead = None
-                else:
-                    ahead = None
-                    if preparer is not None and head is not None:
-                        try:
-                            ahead = preparer.submit(
-                                ledger_preparer.prepare, following, chunk.end, after, head
-                            )
-                        except BrokenProcessPool as exc:
-                            preparer = self._preparer_failed(exc)
-                    if ahead is None:
-                        ahead = self._helper.submit(
-                            prepare_chunk, following, chunk.end, after, head, copy_cursor
-                        )
+                more = after != chunk.end
+                if more and preparer is not None and head is not None:
+                    try:
+                        preparer.send(following, chunk.end, after, head)
+                        sent = True
+                    except PreparerFailed as exc:
+                        preparer = self._preparer_failed(exc)
+                if more and not sent:
+                    ahead = self._helper.submit(prepare_chunk, following, chunk.end, after, head, copy_cursor)
                 if not self._commit(chunk):
                     return consumed
                 consumed += chunk.lines
-                if (
-                    ahead is None
-                    or (until is not None and time.monotonic() > until)
-                    or (stop and stop.is_set())
-                ):
+                if not more or (until is not None and time.monotonic() > until) or (stop and stop.is_set()):
                     return consumed
-                try:
-                    chunk = ahead.result()
-                except BrokenProcessPool as exc:
-                    preparer = self._preparer_failed(exc)
-                    chunk = prepare_chunk(following, chunk.end, after, head, copy_cursor)
-                ahead = None
+                if sent:
+                    assert preparer is not None
+                    sent = False
+                    try:
+                        chunk = preparer.receive()
+                    except PreparerFailed as exc:
+                        preparer = self._preparer_failed(exc)
+                        chunk = prepare_chunk(following, chunk.end, after, head, copy_cursor)
+                else:
+                    assert ahead is not None
+                    chunk, ahead = ahead.result(), None
                 chunk.raw = following
         finally:
             if ahead is not None:
                 ahead.cancel()
+            if sent and preparer is not None:
+                preparer.discard()
 
     def drain_all(self, deadline_s: float = 30.0) -> None:
         end = time.monotonic() + deadline_s
