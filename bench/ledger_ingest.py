@@ -180,6 +180,8 @@ def main() -> int:
         reports = verify_all()
         verify_s = time.perf_counter() - verify_t
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        # The largest finished child: the producer, or the writer's preparer process (PostgreSQL backlog).
+        peak_child_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         result = {
             "benchmark": "ledger_ingest",
             "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -193,6 +195,8 @@ def main() -> int:
             "request_records_per_s": round(committed / elapsed),
             "spool_lines_per_s": round(written_lines / elapsed),
             "peak_rss_mb": round(peak_rss_mb, 1),
+            "peak_child_rss_mb": round(peak_child_rss_mb, 1),
+            "prepare_process": os.environ.get("LEDGER_PREPARE_PROCESS", "true"),
             "chain_intact": all(r.broken is None for r in reports),
             "verify_s": round(verify_s, 2),
             "target_per_s": 50_000 if args.db == "postgres" else 20_000,
