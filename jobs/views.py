@@ -74,8 +74,8 @@ def job_page(request: HttpRequest, pk: int) -> HttpResponse:
     )
 
 
+@member  # first: an anonymous visitor is sent to the login page whatever the method
 @require_POST
-@member
 def job_retry_page(request: HttpRequest, pk: int) -> HttpResponse:
     if not _can(request, "admin"):
         raise PermissionDenied("retrying jobs needs the admin role")

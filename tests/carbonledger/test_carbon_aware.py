@@ -20,6 +20,7 @@ from carbonledger.intensity_providers import ProviderReading
 from carbonledger.ledger_writer import default_site
 from carbonledger.services import ServiceError, api_key_create, organization_create, user_create
 from inference.variants import GridState
+from tests.support.intensity import forecast_reading
 
 pytestmark = pytest.mark.django_db
 
@@ -194,21 +195,7 @@ class HourForecast:
         out = []
         hour, step = start, 0
         while hour < end:
-            out.append(
-                ProviderReading(
-                    zone=zone,
-                    period_start=hour,
-                    period_end=hour + timedelta(hours=1),
-                    intensity_g_per_kwh=Decimal(400 if step == 0 else 100 + step),
-                    basis="direct",
-                    signal="carbonIntensity",
-                    source="fake forecast feed",
-                    licence="test",
-                    url="http://forecast.invalid",
-                    estimated=True,
-                    forecast=True,
-                )
-            )
+            out.append(forecast_reading(zone, hour, 400 if step == 0 else 100 + step, "fake forecast feed"))
             hour, step = hour + timedelta(hours=1), step + 1
         return out
 

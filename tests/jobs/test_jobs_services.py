@@ -23,6 +23,7 @@ from jobs.models import Job, JobOutput
 from jobs.selectors import job_emissions
 from tests.factories import LedgerRequestEnergyFactory, LedgerRequestFactory
 from tests.jobs.conftest import H10, NOW, FakeGateway, import_series, infer_line, job_file
+from tests.support.intensity import forecast_reading
 
 pytestmark = pytest.mark.django_db
 
@@ -119,21 +120,7 @@ class FakeForecast:
         out = []
         hour = start
         while hour < end:
-            out.append(
-                ProviderReading(
-                    zone=zone,
-                    period_start=hour,
-                    period_end=hour + timedelta(hours=1),
-                    intensity_g_per_kwh=Decimal(5 if hour.hour == 13 else 500),
-                    basis="direct",
-                    signal="carbonIntensity",
-                    source="fake forecast",
-                    licence="test",
-                    url="http://forecast.invalid",
-                    estimated=True,
-                    forecast=True,
-                )
-            )
+            out.append(forecast_reading(zone, hour, 5 if hour.hour == 13 else 500, "fake forecast"))
             hour += timedelta(hours=1)
         return out
 
