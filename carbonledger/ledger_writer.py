@@ -540,7 +540,8 @@ class LedgerWriter:
                         preparer.send(following, chunk.end, after, head)
                         sent = True
                     except PreparerFailed as exc:
-                        preparer = self._preparer_failed(exc)
+                        self._preparer_failed(exc)
+                        preparer = None
                 if more and not sent:
                     ahead = self._helper.submit(prepare_chunk, following, chunk.end, after, head, copy_cursor)
                 if not self._commit(chunk):
@@ -554,7 +555,8 @@ class LedgerWriter:
                     try:
                         chunk = preparer.receive()
                     except PreparerFailed as exc:
-                        preparer = self._preparer_failed(exc)
+                        self._preparer_failed(exc)
+                        preparer = None
                         chunk = prepare_chunk(following, chunk.end, after, head, copy_cursor)
                 else:
                     assert ahead is not None

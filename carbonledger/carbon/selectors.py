@@ -465,7 +465,8 @@ class ZoneForecast:
     hours: dict[datetime, Decimal]
     provider: str  # the provider that answered; empty when none did
     source: str  # the provider's own source line of its readings
-    notes: tuple[str, ...]  # each provider tried, and why one failed
+    notes: tuple[str, ...]  # each provider tried
+    problems: tuple[str, ...] = ()  # why a provider gave nothing: shown with a signal that fell back
 
 
 def provider_forecast(
@@ -475,19 +476,22 @@ def provider_forecast(
 
     A provider's failure is a note, never an error: callers fall back to the hourly series."""
     notes: list[str] = []
+    problems: list[str] = []
     for provider in providers:
         name = str(getattr(provider, "name", type(provider).__name__))
         try:
             readings = provider.forecast(zone, start, end)
         except Exception as exc:  # a remote service: any failure means "no forecast from it"
-            notes.append(f"the forecast of {name} failed ({exc}); the hourly series was used instead")
+            problems.append(f"the forecast of {name} failed ({exc}); the hourly series was used instead")
+            notes.append(problems[-1])
             continue
         if readings:
             hours = {r.period_start: r.intensity_g_per_kwh for r in readings}
             notes.append(f"forecast of {name} for {len(hours)} hour(s) ({readings[0].source})")
-            return ZoneForecast(hours, name, readings[0].source, tuple(notes))
-        notes.append(f"{name} gave no forecast for {zone}")
-    return ZoneForecast({}, "", "", tuple(notes))
+            return ZoneForecast(hours, name, readings[0].source, tuple(notes), tuple(problems))
+        problems.append(f"{name} gave no forecast for {zone}")
+        notes.append(problems[-1])
+    return ZoneForecast({}, "", "", tuple(notes), tuple(problems))
 
 
 # (zone, hour) -> (monotonic time fetched, forecast): the gateway's signal refreshes every few minutes
@@ -516,7 +520,7 @@ def configured_forecast(zone: str, hour: datetime) -> ZoneForecast | None:
     try:
         providers = configured_providers()
     except ImproperlyConfigured as exc:
-        forecast = ZoneForecast({}, "", "", (f"no forecast: {exc}",))
+        forecast = ZoneForecast({}, "", "", (f"no forecast: {exc}",), (f"no forecast: {exc}",))
     else:
         forecast = provider_forecast(zone, hour, hour + FORECAST_HORIZON, providers)
     with _forecast_lock:
@@ -544,9 +548,7 @@ def grid_signal(site: Any, now: datetime, *, forecast: ZoneForecast | None = _US
         forecast = configured_forecast(zone, hour)
     factors = factor_set([zone], site.organization_id, hour - timedelta(days=30), hour + timedelta(hours=1))
     intensity: Decimal | None = None
-    forecast_note = (
-        "; ".join(n for n in forecast.notes if "failed" in n or "no forecast" in n) if forecast else ""
-    )
+    forecast_note = "; ".join(forecast.problems) if forecast else ""
     if forecast is not None and hour in forecast.hours:
         intensity = forecast.hours[hour]
         intensity_source = (
