@@ -1,7 +1,7 @@
 """The ledger writer's preparer process: parses, chains and formats the COPY streams of the chunks ahead while
 the writer's own process feeds PostgreSQL, so that the thread feeding it neither waits for this work's GIL nor
-shares a core's time with it (bench/ledger_ingest.py: 60 s on PostgreSQL, 29.2k request records/s with a
-helper thread, 38.8k with this process).
+shares a core's time with it (bench/ledger_ingest.py, 60 s on PostgreSQL, same machine and afternoon:
+29.2k and 33.8k request records/s with a helper thread, 38.4k and 42.2k with this process).
 
 An explicit child (``python -m carbonledger.ledger_preparer``) rather than a ``multiprocessing`` pool, whose
 spawned workers re-import the parent's ``__main__``: a script without a main guard would run again in it.

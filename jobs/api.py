@@ -22,6 +22,7 @@ from carbonledger.api_auth import organization_of, scopes_of
 from carbonledger.openapi import doc
 from carbonledger.services import ServiceError
 from jobs import selectors
+from jobs.inputs import file_too_large
 from jobs.models import Job
 from jobs.services import job_retry, job_submit
 
@@ -61,7 +62,7 @@ def job_json(job: Job, *, detail: bool = False) -> dict[str, Any]:
         "progress": {
             "requests": job.request_count,
             "answered": job.done_requests,
-            "percent": round(100 * job.done_requests / job.request_count) if job.request_count else 0,
+            "percent": selectors.progress_percent(job),
         },
         "failure_reason": job.failure_reason,
         "attempts": job.attempts,
@@ -131,13 +132,9 @@ def jobs(request: Request) -> Response:
     form = JobSubmitSerializer(data=request.data)
     form.is_valid(raise_exception=True)
     upload = form.validated_data["file"]
-    if upload.size is not None and upload.size > settings.JOBS_MAX_FILE_BYTES:
-        return Response(
-            {
-                "error": f"the file is {upload.size} bytes; at most {settings.JOBS_MAX_FILE_BYTES} (JOBS_MAX_FILE_BYTES)"
-            },
-            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
-        )
+    too_large = file_too_large(upload.size or 0, settings.JOBS_MAX_FILE_BYTES)
+    if too_large:
+        return Response({"error": too_large}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     try:
         job = job_submit(
             organization=organization_of(request.user),

@@ -65,13 +65,21 @@ def model_spec(repository: Path, model: str, version: str) -> ModelSpec:
     return spec
 
 
+def file_too_large(size: int, max_file_bytes: int) -> str | None:
+    """Why a job file of ``size`` bytes is refused, or None when it fits (checked before reading an upload)."""
+    if size > max_file_bytes:
+        return f"the file is {size} bytes; at most {max_file_bytes} (JOBS_MAX_FILE_BYTES)"
+    return None
+
+
 def parse_job_file(
     data: bytes, spec: ModelSpec, *, max_requests: int, max_file_bytes: int, max_body_bytes: int
 ) -> list[JobLine]:
     """The requests of a job file, each decoded and validated against ``spec``; raises
     :class:`JobInputError` on the first problem, naming its line."""
-    if len(data) > max_file_bytes:
-        raise JobInputError(f"the file is {len(data)} bytes; at most {max_file_bytes} (JOBS_MAX_FILE_BYTES)")
+    too_large = file_too_large(len(data), max_file_bytes)
+    if too_large:
+        raise JobInputError(too_large)
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -48,6 +48,11 @@ def job_of(organization_id: int, pk: int) -> Job | None:
     return Job.objects.filter(organization_id=organization_id, pk=pk).select_related("site").first()
 
 
+def progress_percent(job: Job) -> int:
+    """The share of the job's requests answered, in whole percent."""
+    return round(100 * job.done_requests / job.request_count) if job.request_count else 0
+
+
 def output_count(job: Job) -> int:
     return JobOutput.objects.filter(job=job).count()
 

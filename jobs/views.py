@@ -13,6 +13,7 @@ from carbonledger.dashboard.views import _can, _org_id, _page, member
 from carbonledger.services import ServiceError
 from jobs import selectors
 from jobs.forms import JobForm
+from jobs.inputs import file_too_large
 from jobs.models import Job
 from jobs.services import job_retry, job_submit
 
@@ -32,11 +33,9 @@ def jobs_page(request: HttpRequest) -> HttpResponse:
             raise PermissionDenied("submitting jobs needs the admin role")
         if form.is_valid():
             upload = form.cleaned_data["file"]
-            if upload.size is not None and upload.size > settings.JOBS_MAX_FILE_BYTES:
-                form.add_error(
-                    "file",
-                    f"the file is {upload.size} bytes; at most {settings.JOBS_MAX_FILE_BYTES} (JOBS_MAX_FILE_BYTES)",
-                )
+            too_large = file_too_large(upload.size or 0, settings.JOBS_MAX_FILE_BYTES)
+            if too_large:
+                form.add_error("file", too_large)
             else:
                 try:
                     job = job_submit(
@@ -70,7 +69,7 @@ def job_page(request: HttpRequest, pk: int) -> HttpResponse:
         plan=job.plan,
         emissions=emissions,
         counterfactual=counterfactual,
-        percent=round(100 * job.done_requests / job.request_count) if job.request_count else 0,
+        percent=selectors.progress_percent(job),
     )
 
 

@@ -29,15 +29,15 @@ from carbonledger.models import (
     Organization,
     Site,
 )
-from carbonledger.services import api_key_create, organization_create, user_create
+from carbonledger.services import api_key_create, organization_create
 from carbonledger.synthetic_ledger import generate_ledger
 from reports.models import Report
+from tests.support.accounts import signed_in
 
 # Not transactional: the on-commit hooks (Celery recomputes, report generation) never fire.
 pytestmark = pytest.mark.django_db
 
 API = "/api/v1"
-PASSWORD = "a-long-test-password-42"
 END = datetime(2026, 11, 30, 12, tzinfo=UTC)  # the synthetic ledgers: 6 hours up to here
 HOURS = 6
 NS = 1_000_000_000
@@ -80,10 +80,8 @@ def _client(key: str | None = None, *, raise_errors: bool = True) -> APIClient:
 
 
 def _session(org: Organization, role: str) -> APIClient:
-    username = f"{org.slug}-{role}"
-    user_create(organization=org, username=username, password=PASSWORD, role=role)
     client = APIClient()
-    assert client.login(username=username, password=PASSWORD)
+    signed_in(org, role, username=f"{org.slug}-{role}", client=client)
     return client
 
 

@@ -10,10 +10,10 @@ from django.test import Client
 from carbonledger.carbon.rollups import rollups_update
 from carbonledger.carbon.services import load_shipped_factors
 from carbonledger.models import ApiKey, Organization, Site
-from carbonledger.services import user_create
 from carbonledger.synthetic_ledger import generate_ledger
 from reports.models import Report
 from tests.factories import OrganizationFactory
+from tests.support.accounts import signed_in
 
 pytestmark = pytest.mark.django_db
 PASSWORD = "a-long-test-password-42"
@@ -38,11 +38,7 @@ def org() -> Organization:
 
 
 def _login(org: Organization, role: str, username: str | None = None) -> Client:
-    name = username or f"{role}-{org.slug}"
-    user_create(organization=org, username=name, password=PASSWORD, role=role)
-    client = Client()
-    assert client.login(username=name, password=PASSWORD)
-    return client
+    return signed_in(org, role, username=username)
 
 
 def test_pages_need_a_login_and_redirect_to_it() -> None:

@@ -14,22 +14,17 @@ from django.test import Client
 from carbonledger.carbon import services as carbon
 from carbonledger.ledger_writer import default_site
 from carbonledger.models import Device, Organization
-from carbonledger.services import user_create
 from jobs import services
 from jobs.models import Job, JobOutput
 from tests.factories import LedgerRequestEnergyFactory, LedgerRequestFactory, OrganizationFactory
 from tests.jobs.conftest import H10, NOW, job_file
+from tests.support.accounts import signed_in
 
 pytestmark = pytest.mark.django_db
-PASSWORD = "a-long-test-password-42"
 
 
 def login(org: Organization, role: str) -> Client:
-    name = f"{role}-{org.slug}"
-    user_create(organization=org, username=name, password=PASSWORD, role=role)
-    client = Client()
-    assert client.login(username=name, password=PASSWORD)
-    return client
+    return signed_in(org, role)
 
 
 def form(data: bytes | None = None, **fields: Any) -> dict[str, Any]:
