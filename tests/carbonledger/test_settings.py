@@ -54,10 +54,20 @@ def test_embedded_defaults_need_no_environment() -> None:
     assert "journal_mode=WAL" in db["OPTIONS"]["init_command"]  # type: ignore[index]
 
 
-def test_start_up_stops_on_a_bad_variable_with_its_name(tmp_path: Path) -> None:
-    env = {**os.environ, "GATEWAY_MAX_BODY_BYTES": "lots", "CARBONLEDGER_VAR_DIR": str(tmp_path)}
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("GATEWAY_MAX_BODY_BYTES", "lots", "GATEWAY_MAX_BODY_BYTES must be an integer, got 'lots'"),
+        ("CARBON_FORECAST_REFRESH_S", "0", "CARBON_FORECAST_REFRESH_S must be a number >= 1.0, got '0'"),
+        ("LEDGER_PREPARE_PROCESS", "maybe", "LEDGER_PREPARE_PROCESS must be true or false"),
+    ],
+)
+def test_start_up_stops_on_a_bad_variable_with_its_name(
+    tmp_path: Path, name: str, value: str, message: str
+) -> None:
+    env = {**os.environ, name: value, "CARBONLEDGER_VAR_DIR": str(tmp_path)}
     proc = subprocess.run(
         [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode != 0
-    assert "GATEWAY_MAX_BODY_BYTES must be an integer, got 'lots'" in proc.stderr
+    assert message in proc.stderr
