@@ -11,6 +11,8 @@ from typing import Any
 
 import uvicorn
 
+from carbonledger.http_protocol import CoalescingHttpToolsProtocol
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -49,7 +51,7 @@ def serve_asgi(app: Any, timeout_s: float = 30.0) -> Iterator[str]:
         host="127.0.0.1",
         port=port,
         loop="asyncio",
-        http="httptools",
+        http=CoalescingHttpToolsProtocol,  # as `manage.py serve` serves
         lifespan="on",
         access_log=False,
         log_level="warning",

@@ -1,0 +1,207 @@
+"""The serving protocol sends a response's headers and body in one write, and loses nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from carbonledger.http_protocol import CoalescingHttpToolsProtocol, HeaderHoldingTransport
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"
+
+
+class RecordingTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closed = False
+        self.aborted = False
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closed or self.aborted
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 1234)}.get(name, default)
+
+
+def test_headers_and_the_body_that_follows_leave_in_one_write() -> None:
+    async def scenario() -> list[bytes]:
+        inner = RecordingTransport()
+        t = HeaderHoldingTransport(inner, asyncio.get_running_loop())
+        t.write(HEAD)
+        t.write(b"hello")
+        await asyncio.sleep(0)  # the scheduled flush finds nothing left to send
+        return inner.writes
+
+    assert asyncio.run(scenario()) == [HEAD + b"hello"]
+
+
+def test_headers_without_a_body_in_the_same_step_go_out_on_the_next_loop_iteration() -> None:
+    async def scenario() -> tuple[list[bytes], list[bytes]]:
+        inner = RecordingTransport()
+        t = HeaderHoldingTransport(inner, asyncio.get_running_loop())
+        t.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        before = list(inner.writes)
+        await asyncio.sleep(0)
+        return before, inner.writes
+
+    before, after = asyncio.run(scenario())
+    assert before == []
+    assert after == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+
+
+def test_writes_that_end_no_header_block_are_not_held() -> None:
+    async def scenario() -> list[bytes]:
+        inner = RecordingTransport()
+        t = HeaderHoldingTransport(inner, asyncio.get_running_loop())
+        t.write(b"5\r\nhello\r\n")
+        return list(inner.writes)
+
+    assert asyncio.run(scenario()) == [b"5\r\nhello\r\n"]
+
+
+def test_close_sends_held_headers_first_and_abort_drops_them() -> None:
+    async def scenario() -> tuple[RecordingTransport, RecordingTransport]:
+        loop = asyncio.get_running_loop()
+        closing, aborting = RecordingTransport(), RecordingTransport()
+        a = HeaderHoldingTransport(closing, loop)
+        a.write(HEAD)
+        a.close()
+        b = HeaderHoldingTransport(aborting, loop)
+        b.write(HEAD)
+        assert b.get_write_buffer_size() == len(HEAD)
+        b.abort()
+        await asyncio.sleep(0)
+        return closing, aborting
+
+    closing, aborting = asyncio.run(scenario())
+    assert closing.writes == [HEAD] and closing.closed
+    assert aborting.writes == [] and aborting.aborted
+
+
+def test_other_transport_attributes_are_the_wrapped_transports() -> None:
+    async def scenario() -> Any:
+        t = HeaderHoldingTransport(RecordingTransport(), asyncio.get_running_loop())
+        return t.get_extra_info("peername")
+
+    assert asyncio.run(scenario()) == ("127.0.0.1", 1234)
+
+
+async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if scope["path"] == "/stream":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for part in (b"one,", b"two"):
+            await asyncio.sleep(0.01)
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    answer = b"echo:" + body
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-length", str(len(answer)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": answer})
+
+
+@pytest.fixture
+def server_port() -> Iterator[int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        _app, http=CoalescingHttpToolsProtocol, lifespan="off", log_level="warning", loop="asyncio"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "test server did not start"
+        time.sleep(0.01)
+    yield port
+    server.should_exit = True
+    thread.join(10)
+    sock.close()
+
+
+def _read_response(conn: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        assert chunk, f"connection closed early: {data!r}"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    while len(rest) < length:
+        rest += conn.recv(65536)
+    return head + b"\r\n\r\n" + rest
+
+
+def test_a_real_server_answers_keep_alive_requests_whole_and_in_order(server_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", server_port), timeout=10) as conn:
+        for payload in (b"first", b"second"):
+            request = (
+                b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: "
+                + str(len(payload)).encode()
+                + b"\r\n\r\n"
+                + payload
+            )
+            conn.sendall(request)
+            answer = _read_response(conn)
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert answer.endswith(b"\r\n\r\necho:" + payload), answer
+
+
+def test_a_real_server_streams_chunked_responses_and_honours_expect_100_continue(server_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", server_port), timeout=10) as conn:
+        conn.sendall(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        data = b""
+        while not data.endswith(b"0\r\n\r\n"):
+            chunk = conn.recv(65536)
+            assert chunk, data
+            data += chunk
+        assert b"transfer-encoding: chunked" in data
+        assert b"4\r\none,\r\n" in data and b"3\r\ntwo\r\n" in data
+
+        conn.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\nexpect: 100-continue\r\n\r\n")
+        interim = conn.recv(65536)
+        assert interim.startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        conn.sendall(b"abc")
+        rest = interim[len(b"HTTP/1.1 100 Continue\r\n\r\n") :]
+        if not rest:
+            rest = _read_response(conn)
+        assert rest.startswith(b"HTTP/1.1 200 OK") and rest.endswith(b"echo:abc")
