@@ -55,6 +55,20 @@ def test_headers_and_the_body_that_follows_leave_in_one_write() -> None:
     assert asyncio.run(scenario()) == [HEAD + b"hello"]
 
 
+def test_a_large_body_follows_its_headers_without_being_copied_into_one_buffer() -> None:
+    body = b"x" * (1 << 20)
+
+    async def scenario() -> list[bytes]:
+        inner = RecordingTransport()
+        t = HeaderHoldingTransport(inner, asyncio.get_running_loop())
+        t.write(HEAD)
+        t.write(body)
+        await asyncio.sleep(0)
+        return inner.writes
+
+    assert asyncio.run(scenario()) == [HEAD, body]
+
+
 def test_headers_without_a_body_in_the_same_step_go_out_on_the_next_loop_iteration() -> None:
     async def scenario() -> tuple[list[bytes], list[bytes]]:
         inner = RecordingTransport()
