@@ -70,27 +70,37 @@ def test_a_large_body_follows_its_headers_without_being_copied_into_one_buffer()
 
 
 def test_headers_without_a_body_in_the_same_step_go_out_on_the_next_loop_iteration() -> None:
+    head = b"HTTP/1.1 204 No Content\r\n\r\n"
+
     async def scenario() -> tuple[list[bytes], list[bytes]]:
         inner = RecordingTransport()
         t = HeaderHoldingTransport(inner, asyncio.get_running_loop())
-        t.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        t.write(head)
         before = list(inner.writes)
         await asyncio.sleep(0)
         return before, inner.writes
 
     before, after = asyncio.run(scenario())
     assert before == []
-    assert after == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    assert after == [head]
 
 
-def test_writes_that_end_no_header_block_are_not_held() -> None:
+def test_100_continue_and_writes_that_are_no_header_block_go_out_at_once() -> None:
+    writes = [
+        b"HTTP/1.1 100 Continue\r\n\r\n",  # the client waits for it before sending the body
+        b"5\r\nhello\r\n",
+        b"0\r\n\r\n",  # a chunked body's end
+        b"a body that happens to end in a blank line\r\n\r\n",
+    ]
+
     async def scenario() -> list[bytes]:
         inner = RecordingTransport()
         t = HeaderHoldingTransport(inner, asyncio.get_running_loop())
-        t.write(b"5\r\nhello\r\n")
+        for data in writes:
+            t.write(data)
         return list(inner.writes)
 
-    assert asyncio.run(scenario()) == [b"5\r\nhello\r\n"]
+    assert asyncio.run(scenario()) == writes
 
 
 def test_close_sends_held_headers_first_and_abort_drops_them() -> None:
@@ -100,6 +110,7 @@ def test_close_sends_held_headers_first_and_abort_drops_them() -> None:
         a = HeaderHoldingTransport(closing, loop)
         a.write(HEAD)
         a.close()
+        a.flush()  # the scheduled flush, after the close: nothing left to send twice
         b = HeaderHoldingTransport(aborting, loop)
         b.write(HEAD)
         assert b.get_write_buffer_size() == len(HEAD)
@@ -129,6 +140,10 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         body += message.get("body", b"")
         if not message.get("more_body"):
             break
+    if scope["path"] == "/empty":
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        return
     if scope["path"] == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         for part in (b"one,", b"two"):
@@ -147,14 +162,29 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": answer})
 
 
+socket_writes: list[bytes] = []  # what the real server's protocol handed to the socket transport
+
+
+class RecordingProtocol(CoalescingHttpToolsProtocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        write = transport.write
+
+        def recording_write(data: Any) -> None:
+            socket_writes.append(bytes(data))
+            write(data)
+
+        transport.write = recording_write  # type: ignore[method-assign]
+        super().connection_made(transport)
+
+
 @pytest.fixture
 def server_port() -> Iterator[int]:
+    socket_writes.clear()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        _app, http=CoalescingHttpToolsProtocol, lifespan="off", log_level="warning", loop="asyncio"
-    )
+    config = uvicorn.Config(_app, http=RecordingProtocol, lifespan="off", log_level="warning", loop="asyncio")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -219,3 +249,31 @@ def test_a_real_server_streams_chunked_responses_and_honours_expect_100_continue
         if not rest:
             rest = _read_response(conn)
         assert rest.startswith(b"HTTP/1.1 200 OK") and rest.endswith(b"echo:abc")
+
+
+def test_a_real_server_hands_each_answer_to_the_socket_in_one_write(server_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", server_port), timeout=10) as conn:
+        conn.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nabc")
+        answer = _read_response(conn)
+    assert answer.endswith(b"echo:abc")
+    assert socket_writes == [answer]
+
+
+def test_a_real_server_answers_pipelined_head_and_empty_requests_in_order(server_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", server_port), timeout=10) as conn:
+        conn.sendall(
+            b"HEAD /echo HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"GET /empty HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi"
+        )
+        data = b""
+        deadline = time.monotonic() + 10
+        while not data.endswith(b"echo:hi"):
+            assert time.monotonic() < deadline, data
+            chunk = conn.recv(65536)
+            assert chunk, data
+            data += chunk
+    head_answer, _, rest = data.partition(b"\r\n\r\n")
+    assert head_answer.startswith(b"HTTP/1.1 200 OK") and b"content-length: 5" in head_answer
+    assert rest.startswith(b"HTTP/1.1 204 No Content\r\n")
+    assert rest.split(b"\r\n\r\n", 1)[1].startswith(b"HTTP/1.1 200 OK")
