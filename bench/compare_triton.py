@@ -460,6 +460,10 @@ def _grab(pattern: str, text: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+# What perf_analyzer prints when no window met its stability criterion.
+UNSTABLE_MARKER = "Failed to obtain stable measurement"
+
+
 def parse_perf_analyzer(stdout: str, csv_path: Path) -> dict[str, Any]:
     res: dict[str, Any] = {}
     passes: list[dict[str, Any]] = []
@@ -467,7 +471,7 @@ def parse_perf_analyzer(stdout: str, csv_path: Path) -> dict[str, Any]:
         lat = _grab(r"latency: (\d+) usec", m.group(3))
         passes.append({"pass": int(m.group(1)), "throughput": float(m.group(2)), "latency_us": lat})
     res["passes"] = passes
-    res["stable"] = "Failed to obtain stable measurement" not in stdout
+    res["stable"] = UNSTABLE_MARKER not in stdout
     res["errors"] = sorted(set(re.findall(r"Thread \[\d+\] had error: (.*)", stdout)))
     for line in stdout.splitlines():
         low = line.lower()

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_triton import (
     DEMO_LINEAR,
     REPO,
+    UNSTABLE_MARKER,
     Server,
     _cleanup,
     ensure_triton,
@@ -106,7 +107,7 @@ def run_pa(
         proc = subprocess.run(
             argv, env=env, capture_output=True, text=True, timeout=8 * interval_ms / 1000 + 60
         )
-        unstable = "Failed to obtain stable measurement" in proc.stdout + proc.stderr
+        unstable = UNSTABLE_MARKER in proc.stdout + proc.stderr
         if proc.returncode == 0 or not unstable or attempt > retries:
             break
         print(f"  {server.name}: no stable measurement (attempt {attempt}); measuring again", flush=True)
