@@ -520,7 +520,8 @@ def configured_forecast(zone: str, hour: datetime) -> ZoneForecast | None:
     try:
         providers = configured_providers()
     except ImproperlyConfigured as exc:
-        forecast = ZoneForecast({}, "", "", (f"no forecast: {exc}",), (f"no forecast: {exc}",))
+        why = (f"no forecast: {exc}",)
+        forecast = ZoneForecast({}, "", "", notes=why, problems=why)
     else:
         forecast = provider_forecast(zone, hour, hour + FORECAST_HORIZON, providers)
     with _forecast_lock:
