@@ -28,7 +28,7 @@ What it does:
    against numpy's ``x @ W + b``; ``digits`` gets the held-out images of scikit-learn's bundled digits (the
    split of ``inference/demo_repository/build_digits.py``), and the returned ``label`` is scored;
 4. after each cell, waits until the gateway's ledger (its SQLite file, read only) holds final energy for
-   every measured request (``ledger_request`` joined to ``ledger_request_energy``), then takes joules per
+   every measured request (its shares in ``ledger_batch_energy``), then takes joules per
    inference = the sum of those requests' energy / their number, the batches that served them
    (``ledger_batch``: rows per batch, variant), and the device's intervals over the same span
    (``ledger_interval``: mean power, idle share). During the cell it samples the planner's ``/metrics``
@@ -567,21 +567,38 @@ def _chunks(items: list[str], n: int = 500) -> list[list[str]]:
 
 
 def read_ledger(db_path: Path, ledger_ids: list[str]) -> dict[str, tuple[str, str, int, bool]]:
-    """request_id -> (batch_id, variant, energy µJ, final) for the ids the ledger holds so far."""
+    """request_id -> (batch_id, variant, energy µJ, final) for the ids the ledger holds so far: the request's
+    shares in its batch's energy rows, and its per-request parts where older records hold them."""
     out: dict[str, tuple[str, str, int, bool]] = {}
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10)
     try:
         for chunk in _chunks(ledger_ids):
             marks = ",".join("?" * len(chunk))
-            rows = con.execute(
-                f"""SELECT r.request_id, r.batch_id, r.variant, COALESCE(SUM(e.energy_uj), 0),
-                           COALESCE(MAX(e.final), 0)
-                    FROM ledger_request r LEFT JOIN ledger_request_energy e ON e.request_id = r.request_id
-                    WHERE r.request_id IN ({marks}) GROUP BY r.request_id""",
+            requests = con.execute(
+                f"SELECT request_id, batch_id, variant FROM ledger_request WHERE request_id IN ({marks})",
                 chunk,
             ).fetchall()
-            for rid, batch_id, variant, uj, final in rows:
-                out[rid] = (batch_id, variant or "", int(uj), bool(final))
+            energy: dict[str, list[int]] = {rid: [0, 0] for rid, _, _ in requests}
+            for rid, uj, final in con.execute(
+                f"SELECT request_id, energy_uj, final FROM ledger_request_energy WHERE request_id IN ({marks})",
+                chunk,
+            ):
+                energy[rid][0] += int(uj)
+                energy[rid][1] |= int(final)
+            batch_ids = sorted({b for _, b, _ in requests})
+            for batches in _chunks(batch_ids):
+                bmarks = ",".join("?" * len(batches))
+                for request_ids, shares_uj, final in con.execute(
+                    f"SELECT request_ids, shares_uj, final FROM ledger_batch_energy WHERE batch_id IN ({bmarks})",
+                    batches,
+                ):
+                    for rid, uj in zip(json.loads(request_ids), json.loads(shares_uj), strict=True):
+                        if rid in energy:
+                            energy[rid][0] += int(uj)
+                            energy[rid][1] |= int(final)
+            for rid, batch_id, variant in requests:
+                uj, final = energy[rid]
+                out[rid] = (batch_id, variant or "", uj, bool(final))
     finally:
         con.close()
     return out
@@ -1244,7 +1261,7 @@ def run(args: argparse.Namespace) -> int:
             "disturbed_cores": args.disturbed_cores,
             "load": "open loop, Poisson arrivals (exponential gaps), aiohttp, HTTP/JSON, 1 row per request",
             "latency": "client side, from just before the POST to the end of the response body",
-            "j_per_inference": "sum over the measured requests of ledger_request_energy.energy_uj / requests",
+            "j_per_inference": "sum over the measured requests of their shares in ledger_batch_energy / requests",
             "layout": "one gateway per knob, same model names; knob order rotates from one rate to the next",
         },
         "verdict": checks,

@@ -2,7 +2,7 @@
 
 A producer process spools a realistic mix as the gateway would (per batch of 16 requests: one
 batch record, 16 request records, and, per closed interval, the interval, its idle line and
-one energy part per request); the real LedgerWriter drains it into the database (hash chain,
+the batch's energy row with its split over the 16 requests); the real LedgerWriter drains it into the database (hash chain,
 COPY on PostgreSQL, executemany on SQLite). The producer keeps a bounded backlog ahead of the
 writer, so the measured rate is the writer's. Reports request records/s over the whole run,
 the process's peak RSS, and checks the chain afterwards.
@@ -81,10 +81,12 @@ def batch_lines(n: int, org_id: int, t0: int) -> tuple[bytes, int]:
         f'{{"k":"idle","interval_id":"{i}","device_id":"cpu-model","t0_ns":{start},"t1_ns":{end + 2_000_000},'
         f'"energy_uj":8000,"idle_ns":2000000,"idle_power_w":2.0}}'
     )
-    for r in range(reqs):
-        out.append(
-            f'{{"k":"energy","request_id":"{b}.r{r}","interval_id":"{i}","batch_id":"{b}","energy_uj":12000,"final":true}}'
-        )
+    ids = ",".join(f'"{b}.r{r}"' for r in range(reqs))
+    shares = ",".join(["12000"] * reqs)
+    out.append(
+        f'{{"k":"batch_energy","batch_id":"{b}","interval_id":"{i}","energy_uj":{12000 * reqs},'
+        f'"request_ids":[{ids}],"shares_uj":[{shares}],"final":true}}'
+    )
     return ("\n".join(out) + "\n").encode(), reqs
 
 

@@ -133,7 +133,10 @@ def ledger_check(server_var: Path) -> dict:
     unbalanced = db.execute(
         """SELECT COUNT(*) FROM ledger_interval i
            LEFT JOIN ledger_idle d ON d.interval_id = i.interval_id
-           LEFT JOIN (SELECT interval_id, SUM(energy_uj) s FROM ledger_request_energy GROUP BY interval_id) p
+           LEFT JOIN (SELECT interval_id, SUM(energy_uj) s FROM (
+                 SELECT interval_id, energy_uj FROM ledger_request_energy
+                 UNION ALL SELECT interval_id, energy_uj FROM ledger_batch_energy
+               ) GROUP BY interval_id) p
              ON p.interval_id = i.interval_id
            WHERE COALESCE(p.s, 0) + d.energy_uj != i.energy_uj"""
     ).fetchone()[0]

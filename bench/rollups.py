@@ -54,7 +54,13 @@ def main() -> None:
     from carbonledger.carbon.rollups import rollups_rebuild
     from carbonledger.carbon.selectors import rollup_series, rollup_totals
     from carbonledger.carbon.services import load_shipped_factors
-    from carbonledger.models import HourlyRollup, LedgerIdle, LedgerRequest, LedgerRequestEnergy
+    from carbonledger.models import (
+        HourlyRollup,
+        LedgerBatchEnergy,
+        LedgerIdle,
+        LedgerRequest,
+        LedgerRequestEnergy,
+    )
     from carbonledger.services import organization_create
     from carbonledger.synthetic_ledger import generate_ledger
 
@@ -78,8 +84,9 @@ def main() -> None:
         print(f"rollups rebuilt in {build_s:.1f} s ({run.rows_created} rows)", flush=True)
 
         raw_requests = LedgerRequest.objects.count()
-        raw_uj = (LedgerRequestEnergy.objects.aggregate(s=Sum("energy_uj"))["s"] or 0) + (
-            LedgerIdle.objects.aggregate(s=Sum("energy_uj"))["s"] or 0
+        raw_uj = sum(
+            model.objects.aggregate(s=Sum("energy_uj"))["s"] or 0
+            for model in (LedgerRequestEnergy, LedgerBatchEnergy, LedgerIdle)
         )
         rolled = HourlyRollup.objects.aggregate(r=Sum("requests"), e=Sum("energy_uj"))
         totals_equal = rolled["r"] == raw_requests and rolled["e"] == raw_uj

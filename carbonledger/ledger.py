@@ -19,6 +19,7 @@ from django.db import models
 from carbonledger.models import (
     LedgerAdjustment,
     LedgerBatch,
+    LedgerBatchEnergy,
     LedgerIdle,
     LedgerInterval,
     LedgerRequest,
@@ -37,6 +38,8 @@ class RecordKind:
     # Trailing fields added after records were first written: left out of the canonical form while empty,
     # so that every record written before them hashes exactly as it did.
     optional_tail: tuple[str, ...] = ()
+    # Text columns that hold a compact JSON array: a spool record may carry the list itself.
+    json_fields: tuple[str, ...] = ()
 
     @property
     def table(self) -> str:
@@ -122,6 +125,13 @@ KINDS: dict[str, RecordKind] = {
             "request_id",
         ),
         RecordKind(
+            "batch_energy",
+            LedgerBatchEnergy,
+            ("batch_id", "interval_id", "energy_uj", "request_ids", "shares_uj", "final"),
+            "batch_id",
+            json_fields=("request_ids", "shares_uj"),
+        ),
+        RecordKind(
             "adjustment",
             LedgerAdjustment,
             ("target_kind", "target_id", "energy_delta_uj", "reason", "actor", "created_ns"),
@@ -148,6 +158,11 @@ def link_hash(prev_hash: str, kind: str, seq: int, values: tuple[Any, ...] | lis
     return hashlib.sha256(prev_hash.encode() + canonical(kind, seq, values)).hexdigest()
 
 
+def json_text(value: Any) -> str:
+    """A JSON-array column's text: as given when already text, else the compact JSON of the list."""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
 def _compile(kind: RecordKind) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
     """A function from a spool record to its chained values, generated once per kind.
 
@@ -157,13 +172,15 @@ def _compile(kind: RecordKind) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
     records) or a nullable foreign key, and ``float(...)`` for float columns, because JSON may
     carry ``2`` for ``2.0`` and the database gives back ``2.0``.
     """
-    env: dict[str, Any] = {}
+    env: dict[str, Any] = {"json_text": json_text}
     parts: list[str] = []
     for pos, name in enumerate(kind.fields):
         field = kind.model._meta.get_field(name)  # Django resolves attnames like organization_id
         if not name.isidentifier():
             raise ValueError(f"{kind.kind}: field name {name!r} is not an identifier")
-        if isinstance(field, models.ForeignKey):
+        if name in kind.json_fields:
+            expr = f"json_text(r[{name!r}])"
+        elif isinstance(field, models.ForeignKey):
             expr = f"r.get({name!r})"
         elif isinstance(field, models.BooleanField):
             expr = f"r.get({name!r}, False)"

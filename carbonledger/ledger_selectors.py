@@ -3,16 +3,18 @@ metering intervals and idle lines of the devices in its sites. Keyset pagination
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db.models import Q, QuerySet, Sum
+import orjson
+from django.db.models import Q, QuerySet
 
 from carbonledger.models import (
     Device,
     LedgerBatch,
+    LedgerBatchEnergy,
     LedgerIdle,
     LedgerInterval,
     LedgerRequest,
@@ -29,6 +31,51 @@ class LedgerFilter:
     site_id: int | None = None
     after: tuple[int, int] | None = None  # (time_ns, id) of the last row of the previous page
     limit: int = 100
+
+
+@dataclass(frozen=True)
+class EnergyPart:
+    """A request's share of one metering interval's energy, through its batch."""
+
+    interval_id: str
+    energy_uj: int
+    final: bool  # the batch is fully allocated with this part
+    seq: int  # in its chain: parts come in chain order
+
+
+_IN_CHUNK = 5_000  # ids per IN (...) list: well inside SQLite's limit on query parameters
+
+
+def _chunks(ids: list[str]) -> Iterator[list[str]]:
+    for i in range(0, len(ids), _IN_CHUNK):
+        yield ids[i : i + _IN_CHUNK]
+
+
+def request_energy_parts(batch_of: Mapping[str, str]) -> dict[str, list[EnergyPart]]:
+    """The energy parts of each request in ``batch_of`` (request id -> its batch id), in chain order;
+    a request with none yet is absent.
+
+    The ledger holds parts in two forms: one row per request and interval (``LedgerRequestEnergy``, records
+    written before batch rows existed) and one row per batch and interval with its split over the batch's
+    requests (``LedgerBatchEnergy``). Both are read, so old and new records count alike.
+    """
+    found: dict[str, list[EnergyPart]] = {}
+    for ids in _chunks(list(batch_of)):
+        for rid, iid, uj, final, seq in LedgerRequestEnergy.objects.filter(request_id__in=ids).values_list(
+            "request_id", "interval_id", "energy_uj", "final", "seq"
+        ):
+            found.setdefault(rid, []).append(EnergyPart(iid, uj, final, seq))
+    for batch_ids in _chunks(sorted(set(batch_of.values()))):
+        rows = LedgerBatchEnergy.objects.filter(batch_id__in=batch_ids).values_list(
+            "interval_id", "request_ids", "shares_uj", "final", "seq"
+        )
+        for iid, request_ids, shares_uj, final, seq in rows:
+            for rid, uj in zip(orjson.loads(request_ids), orjson.loads(shares_uj), strict=True):
+                if rid in batch_of:
+                    found.setdefault(rid, []).append(EnergyPart(iid, uj, final, seq))
+    for parts in found.values():
+        parts.sort(key=lambda p: p.seq)
+    return found
 
 
 def _iso(ns: int) -> str:
@@ -67,12 +114,8 @@ def ledger_page(kind: str, flt: LedgerFilter) -> tuple[list[dict[str, Any]], tup
     may follow."""
     if kind == "requests":
         rows = list(_requests(flt)[: flt.limit])
-        energy = dict(
-            LedgerRequestEnergy.objects.filter(request_id__in=[r.request_id for r in rows])
-            .values("request_id")
-            .annotate(uj=Sum("energy_uj"))
-            .values_list("request_id", "uj")
-        )
+        parts = request_energy_parts({r.request_id: r.batch_id for r in rows})
+        energy = {rid: sum(p.energy_uj for p in ps) for rid, ps in parts.items()}
         out = [
             {
                 "request_id": r.request_id,

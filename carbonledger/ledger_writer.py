@@ -25,7 +25,7 @@ from psycopg.copy import Copy, FileWriter
 
 from carbonledger.ledger import CHAIN_COLUMNS, KINDS, RecordKind, link_hash, normalize, normalizer
 from carbonledger.ledger_preparer import PreparerFailed, PreparerProcess
-from carbonledger.models import Device, LedgerChain, LedgerRequestEnergy, Site
+from carbonledger.models import Device, LedgerBatchEnergy, LedgerChain, LedgerRequestEnergy, Site
 from inference.spool import Spool, SpoolPosition, SpoolReader
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 DRAINER_SWITCH_INTERVAL_S = 0.0005
 
 # Insert order inside one transaction: what others refer to goes first.
-KIND_ORDER = ("batch", "req", "interval", "idle", "energy", "adjustment")
+KIND_ORDER = ("batch", "req", "interval", "idle", "energy", "batch_energy", "adjustment")
 
 
 _PG_TYPES: dict[str, str] = {
@@ -335,6 +335,8 @@ def _chain_and_insert(chain: LedgerChain, records: list[dict[str, Any]]) -> int:
 def _natural_key(kind: RecordKind, rec: dict[str, Any]) -> str:
     if kind.kind == "energy":  # a request has one part per interval and batch
         return f"{rec['request_id']}|{rec['interval_id']}|{rec['batch_id']}"
+    if kind.kind == "batch_energy":  # a batch has one row per interval
+        return f"{rec['batch_id']}|{rec['interval_id']}"
     return str(rec[kind.natural_key])
 
 
@@ -345,6 +347,12 @@ def _existing_keys(kind: RecordKind, keys: set[str]) -> set[str]:
             "request_id", "interval_id", "batch_id"
         )
         return {f"{a}|{b}|{c}" for a, b, c in rows}
+    if kind.kind == "batch_energy":
+        batch_ids = {k.split("|", 1)[0] for k in keys}
+        pairs = LedgerBatchEnergy.objects.filter(batch_id__in=batch_ids).values_list(
+            "batch_id", "interval_id"
+        )
+        return {f"{a}|{b}" for a, b in pairs}
     manager = kind.model._default_manager
     return set(manager.filter(**{f"{kind.natural_key}__in": keys}).values_list(kind.natural_key, flat=True))
 

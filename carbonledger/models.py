@@ -312,6 +312,30 @@ class LedgerRequestEnergy(ChainedRecord):
         ]
 
 
+class LedgerBatchEnergy(ChainedRecord):
+    """A batch's share of one interval's energy and its split over the batch's requests.
+
+    One row per batch and interval rather than one per request (``LedgerRequestEnergy``, which older records
+    still use): at the batch sizes the gateway runs under load this writes a sixteenth of the rows
+    (bench/ledger_ingest.py). ``request_ids`` and ``shares_uj`` are compact JSON arrays in the batch's order;
+    the shares add up to ``energy_uj``. A request's energy is the sum of its shares over the batch's rows.
+    """
+
+    batch_id = models.CharField(max_length=64)
+    interval_id = models.CharField(max_length=64)
+    energy_uj = models.BigIntegerField()
+    request_ids = models.TextField()
+    shares_uj = models.TextField()
+    final = models.BooleanField(default=False, help_text="the batch is fully allocated with this part")
+
+    class Meta:
+        db_table = "ledger_batch_energy"
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_batch_energy_chain_seq"),
+            models.UniqueConstraint(fields=["batch_id", "interval_id"], name="ledger_batch_energy_key"),
+        ]
+
+
 class LedgerAdjustment(ChainedRecord):
     """A correction: records are never updated; an adjusting entry says what changes, why and who."""
 

@@ -31,20 +31,16 @@ def api_keys_of(organization: Organization) -> list[ApiKey]:
 
 def ledger_request_for(organization_id: int, request_id: str) -> dict[str, object] | None:
     """One ledger request of ``organization_id`` with its energy so far; None when not its own."""
-    from django.db.models import Sum
-
-    from carbonledger.models import Device, LedgerRequest, LedgerRequestEnergy
+    from carbonledger.ledger_selectors import request_energy_parts
+    from carbonledger.models import Device, LedgerRequest
 
     req = LedgerRequest.objects.filter(request_id=request_id, organization_id=organization_id).first()
     if req is None:
         return None
-    parts = list(
-        LedgerRequestEnergy.objects.filter(request_id=request_id)
-        .order_by("seq")
-        .values("interval_id", "energy_uj", "final")
-    )
-    total_uj = LedgerRequestEnergy.objects.filter(request_id=request_id).aggregate(s=Sum("energy_uj"))["s"]
-    final = any(p["final"] for p in parts)
+    found = request_energy_parts({request_id: req.batch_id}).get(request_id, [])
+    parts = [{"interval_id": p.interval_id, "energy_uj": p.energy_uj, "final": p.final} for p in found]
+    total_uj = sum(p.energy_uj for p in found) if found else None
+    final = any(p.final for p in found)
     device = (
         Device.objects.filter(device_id=req.device_id)
         .values("method", "measured", "relative_uncertainty")

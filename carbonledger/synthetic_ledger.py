@@ -205,9 +205,11 @@ def _minutes(
                 }
             )
             share, remainder = divmod(energy_uj, size)  # equal work units: equal shares, remainder first
-            for i in range(size):
+            request_ids: list[str] = []
+            for _ in range(size):
                 next_id += 1
                 request_id = f"s{prefix}.r{next_id}"
+                request_ids.append(request_id)
                 queue_ns = rng.randrange(50_000, 3_000_000)
                 records.append(
                     {
@@ -231,15 +233,16 @@ def _minutes(
                         "variant": _VARIANTS.get(model.name, ""),
                     }
                 )
-                parts[device.device_id].append(
-                    {
-                        "k": "energy",
-                        "request_id": request_id,
-                        "batch_id": batch_id,
-                        "energy_uj": share + (1 if i < remainder else 0),
-                        "final": True,
-                    }
-                )
+            parts[device.device_id].append(
+                {
+                    "k": "batch_energy",
+                    "batch_id": batch_id,
+                    "energy_uj": energy_uj,
+                    "request_ids": request_ids,
+                    "shares_uj": [share + (1 if i < remainder else 0) for i in range(size)],
+                    "final": True,
+                }
+            )
         for device_id, device in devices.items():
             idle_ns = _INTERVAL_S * _NS - busy[device_id]
             idle_uj = round(device.idle_w * idle_ns / 1000)

@@ -5,7 +5,8 @@ batch and its requests (one ``os.write``) *before* any answer is delivered, hand
 its device's accountant, and stamps each request with its ledger id. A timer thread reads
 every meter about once a second (and batch ends read it too when the last reading is older
 than ``boundary_min_interval_s``), closes intervals, and spools each interval, its idle line
-and every request's share. Nothing here touches the database: the ledger writer drains the
+and each batch's share with its split over
+the batch's requests. Nothing here touches the database: the ledger writer drains the
 spool (carbonledger/ledger_writer.py).
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from inference.allocation import BatchRecord, EnergyAccountant, IntervalAllocation
+from inference.allocation import BatchRecord, EnergyAccountant, IntervalAllocation, RequestPart
 from inference.batcher import BatchTiming, Pending
 from inference.config import ModelSpec
 from inference.efficiency import EfficiencyPlanner
@@ -80,6 +81,10 @@ def work_units(spec: ModelSpec, p: Pending) -> int:
             return int(np.count_nonzero(arr)) or int(p.rows)
         return int(p.rows)
     return int(sum(a.size for a in inputs.values())) or int(p.rows)
+
+
+def _part_batch(part: RequestPart) -> str:
+    return part.batch_id
 
 
 class LedgerRecorder:
@@ -319,29 +324,39 @@ class LedgerRecorder:
                 }
             ),
         ]
+        # One line per batch with its requests' shares, not one per request: at the batch sizes of a loaded
+        # gateway that is a sixteenth of the lines to write here and of the rows for the ledger writer.
+        splits: dict[str, tuple[list[str], list[int]]] = {}
+        for batch_id, parts in itertools.groupby(a.request_parts, key=_part_batch):
+            ids: list[str] = []
+            shares: list[int] = []
+            for part in parts:
+                ids.append(part.request_id)
+                shares.append(part.energy_uj)
+            splits[batch_id] = (ids, shares)
         with self._batch_end_lock:
-            for part in a.request_parts:
-                end = self._batch_end.get(part.batch_id)
+            for bp in a.batch_parts:
+                end = self._batch_end.get(bp.batch_id)
                 final = end is not None and end <= a.t1_ns
+                ids, shares = splits.get(bp.batch_id, ([], []))
                 out.append(
                     orjson.dumps(
                         {
-                            "k": "energy",
-                            "request_id": part.request_id,
+                            "k": "batch_energy",
+                            "batch_id": bp.batch_id,
                             "interval_id": iid,
-                            "batch_id": part.batch_id,
-                            "energy_uj": part.energy_uj,
+                            "energy_uj": bp.energy_uj,
+                            "request_ids": ids,
+                            "shares_uj": shares,
                             "final": final,
                         }
                     )
                 )
-            for bp in a.batch_parts:
-                end = self._batch_end.get(bp.batch_id)
                 planned = self._planned.get(bp.batch_id)
                 if planned is not None:
                     planned = (planned[0], planned[1], planned[2] + bp.energy_uj)
                     self._planned[bp.batch_id] = planned
-                if end is not None and end <= a.t1_ns:
+                if final:
                     del self._batch_end[bp.batch_id]
                     if planned is not None:
                         # The batch's whole share is known: the accountant's measurement teaches the planner.

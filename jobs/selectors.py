@@ -11,18 +11,18 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, Max, Q, Sum
+from django.db.models import Max, Sum
 
 from carbonledger import co2e
 from carbonledger.carbon.selectors import PueHistory, factor_owners, factor_set, provider_forecast
 from carbonledger.intensity_providers import IntensityProvider
+from carbonledger.ledger_selectors import request_energy_parts
 from carbonledger.models import (
     Device,
     EmissionFactor,
     FactorImport,
     LedgerAdjustment,
     LedgerRequest,
-    LedgerRequestEnergy,
     Site,
 )
 from jobs import planning
@@ -185,7 +185,9 @@ def job_emissions(job: Job) -> dict[str, Any]:
         }
     ids = outputs.values("ledger_id")
     requests = list(
-        LedgerRequest.objects.filter(request_id__in=ids).values_list("request_id", "device_id", "started_ns")
+        LedgerRequest.objects.filter(request_id__in=ids).values_list(
+            "request_id", "device_id", "started_ns", "batch_id"
+        )
     )
     partial = {
         "partial": True,
@@ -199,13 +201,10 @@ def job_emissions(job: Job) -> dict[str, Any]:
             **extra,
         )
     parts = {
-        rid: (uj, finals)
-        for rid, uj, finals in LedgerRequestEnergy.objects.filter(request_id__in=ids)
-        .values("request_id")
-        .annotate(uj=Sum("energy_uj"), finals=Count("pk", filter=Q(final=True)))
-        .values_list("request_id", "uj", "finals")
+        rid: (sum(p.energy_uj for p in ps), sum(1 for p in ps if p.final))
+        for rid, ps in request_energy_parts({r[0]: r[3] for r in requests}).items()
     }
-    open_requests = sum(1 for rid, _, _ in requests if parts.get(rid, (0, 0))[1] == 0)
+    open_requests = sum(1 for r in requests if parts.get(r[0], (0, 0))[1] == 0)
     if open_requests:
         return _pending(
             f"energy pending: the metering intervals of {open_requests} of {answered} requests have not closed yet",
@@ -225,7 +224,7 @@ def job_emissions(job: Job) -> dict[str, Any]:
     }
     notes: list[str] = []
     groups: dict[tuple[int, datetime, Decimal], int] = defaultdict(int)
-    for rid, device_id, started_ns in requests:
+    for rid, device_id, started_ns, _batch_id in requests:
         device = devices.get(device_id)
         site_id = device["site_id"] if device is not None and device["site_id"] is not None else job.site_id
         if device is None or device["site_id"] is None:

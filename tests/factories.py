@@ -57,3 +57,21 @@ class LedgerRequestEnergyFactory(factory.django.DjangoModelFactory):
     batch_id = factory.Sequence(lambda n: f"t.batch.{n}")
     energy_uj = 1_000_000
     final = True
+
+
+class LedgerBatchEnergyFactory(factory.django.DjangoModelFactory):
+    """A batch's row for one interval; ``request_ids`` and ``shares_uj`` are JSON array texts, as stored."""
+
+    class Meta:
+        model = "carbonledger.LedgerBatchEnergy"
+
+    chain = factory.SubFactory(LedgerChainFactory)
+    seq = factory.Sequence(lambda n: n + 1)
+    prev_hash = "0" * 64
+    hash = factory.Sequence(lambda n: f"{n:064x}")
+    batch_id = factory.Sequence(lambda n: f"t.batch.{n}")
+    interval_id = factory.Sequence(lambda n: f"t.interval.{n}")
+    request_ids = "[]"
+    shares_uj = "[]"
+    energy_uj = 0
+    final = True

@@ -157,6 +157,21 @@ _SQL = {
         "FROM ledger_request_energy e JOIN ledger_request r ON r.request_id = e.request_id "
         "WHERE e.chain_id = %s AND e.seq > %s AND e.seq <= %s GROUP BY 1, 2, 3, 4, 5"
     ),
+    # A batch's row per interval, unnested into its requests' shares (two JSON arrays in step).
+    "ledger_batch_energy_postgresql": (
+        "SELECT r.organization_id, r.device_id, r.model, r.started_ns / %s, r.synthetic, SUM(s.uj::bigint) "
+        "FROM ledger_batch_energy e CROSS JOIN LATERAL ROWS FROM ("
+        "jsonb_array_elements_text(e.request_ids::jsonb), jsonb_array_elements_text(e.shares_uj::jsonb)"
+        ") AS s(request_id, uj) "
+        'JOIN ledger_request r ON r.request_id = s.request_id COLLATE "C" '
+        "WHERE e.chain_id = %s AND e.seq > %s AND e.seq <= %s GROUP BY 1, 2, 3, 4, 5"
+    ),
+    "ledger_batch_energy_sqlite": (
+        "SELECT r.organization_id, r.device_id, r.model, r.started_ns / %s, r.synthetic, SUM(s.value) "
+        "FROM ledger_batch_energy e, json_each(e.request_ids) q, json_each(e.shares_uj) s "
+        "JOIN ledger_request r ON r.request_id = q.value "
+        "WHERE s.key = q.key AND e.chain_id = %s AND e.seq > %s AND e.seq <= %s GROUP BY 1, 2, 3, 4, 5"
+    ),
     "ledger_idle": (
         "SELECT device_id, t0_ns / %s, SUM(energy_uj) FROM ledger_idle "
         "WHERE chain_id = %s AND seq > %s AND seq <= %s GROUP BY 1, 2"
@@ -178,7 +193,7 @@ _SQL = {
         "WHERE a.target_kind = 'interval' AND a.chain_id = %s AND a.seq > %s AND a.seq <= %s GROUP BY 1, 2"
     ),
 }
-_TABLES = ("ledger_request", "ledger_request_energy", "ledger_idle", "ledger_adjustment")
+_TABLES = ("ledger_request", "ledger_request_energy", "ledger_batch_energy", "ledger_idle", "ledger_adjustment")
 
 
 def _read(deltas: _Deltas, table: str, chain_pk: int, after: int, upto: int) -> None:
@@ -192,8 +207,9 @@ def _read(deltas: _Deltas, table: str, chain_pk: int, after: int, upto: int) -> 
             sums = deltas.sums[deltas.request_key(org, device, model, hour, synthetic)]
             sums[0] += count
             sums[1] += int(units or 0)
-    elif table == "ledger_request_energy":
-        for org, device, model, hour, synthetic, energy in rows(table):
+    elif table in ("ledger_request_energy", "ledger_batch_energy"):
+        name = table if table == "ledger_request_energy" else f"{table}_{connection.vendor}"
+        for org, device, model, hour, synthetic, energy in rows(name):
             deltas.sums[deltas.request_key(org, device, model, hour, synthetic)][2] += int(energy or 0)
     elif table == "ledger_idle":
         for device, hour, energy in rows(table):

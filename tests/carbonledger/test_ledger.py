@@ -5,19 +5,21 @@ from __future__ import annotations
 from io import StringIO
 from pathlib import Path
 
+import orjson
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
-from django.db.models import Sum
 from rest_framework.test import APIClient
 
+from carbonledger.ledger_selectors import request_energy_parts
 from carbonledger.ledger_verify import verify_all
-from carbonledger.ledger_writer import LedgerWriter
+from carbonledger.ledger_writer import LedgerWriter, append_records
 from carbonledger.models import (
     Device,
     LedgerAdjustment,
     LedgerBatch,
+    LedgerBatchEnergy,
     LedgerChain,
     LedgerIdle,
     LedgerInterval,
@@ -54,24 +56,37 @@ def test_writer_moves_spooled_records_into_the_chained_ledger(tmp_path: Path) ->
     )
     assert Device.objects.get(device_id="cpu-model").method == "modelled"
     chain = LedgerChain.objects.get(chain_id=spool.chain_id)
-    assert chain.head_seq == 1 + 3 + 1 + 1 + 3  # batch, requests, interval, idle, parts
+    assert chain.head_seq == 1 + 3 + 1 + 1 + 1  # batch, requests, interval, idle, the batch's energy row
     assert [r.broken for r in verify_all()] == [None]
     assert spool.backlog_bytes == 0
     spool.close()
 
 
-def test_every_interval_conserves_energy_in_the_database(tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_request_energy", [False, True], ids=["batch-rows", "per-request-parts"])
+def test_every_interval_conserves_energy_in_the_database(tmp_path: Path, per_request_energy: bool) -> None:
     org = OrganizationFactory()
     chunks = [
-        lines_for_batch(org.pk, requests=n, energy_uj=1_234_567 * n, idle_uj=1000 * n)[0] for n in (1, 2, 5)
+        lines_for_batch(
+            org.pk,
+            requests=n,
+            energy_uj=1_234_567 * n,
+            idle_uj=1000 * n,
+            per_request_energy=per_request_energy,
+        )[0]
+        for n in (1, 2, 5)
     ]
     drained(tmp_path / "spool", chunks).close()
+    by_request = request_energy_parts(dict(LedgerRequest.objects.values_list("request_id", "batch_id")))
+    assert len(by_request) == 1 + 2 + 5
     for interval in LedgerInterval.objects.all():
-        parts = LedgerRequestEnergy.objects.filter(interval_id=interval.interval_id).aggregate(
-            s=Sum("energy_uj")
-        )["s"]
+        parts = sum(
+            p.energy_uj for ps in by_request.values() for p in ps if p.interval_id == interval.interval_id
+        )
         idle = LedgerIdle.objects.get(interval_id=interval.interval_id).energy_uj
         assert parts + idle == interval.energy_uj
+    for row in LedgerBatchEnergy.objects.all():
+        assert sum(orjson.loads(row.shares_uj)) == row.energy_uj
+    assert [r.broken for r in verify_all()] == [None]
 
 
 def test_restart_replays_only_what_was_not_committed(tmp_path: Path) -> None:
@@ -96,6 +111,15 @@ def test_a_request_spooled_twice_is_written_once_and_the_chain_stays_intact(tmp_
     drained(tmp_path / "spool", [lines]).close()
     drained(tmp_path / "spool", [lines]).close()  # the same records again (a replay gone wrong)
     assert LedgerRequest.objects.filter(request_id__in=ids).count() == len(ids)
+    assert LedgerBatchEnergy.objects.count() == 1
+    assert [r.broken for r in verify_all()] == [None]
+
+
+def test_a_per_request_part_spooled_twice_is_written_once(tmp_path: Path) -> None:
+    org = OrganizationFactory()
+    lines, ids = lines_for_batch(org.pk, per_request_energy=True)
+    drained(tmp_path / "spool", [lines]).close()
+    drained(tmp_path / "spool", [lines]).close()
     assert LedgerRequestEnergy.objects.count() == len(ids)
     assert [r.broken for r in verify_all()] == [None]
 
@@ -124,7 +148,6 @@ def test_verify_ledger_detects_a_changed_field(tmp_path: Path) -> None:
 def test_verify_ledger_detects_a_deleted_record(tmp_path: Path) -> None:
     _ledger_with_records(tmp_path)
     target = LedgerRequest.objects.order_by("seq")[2]
-    LedgerRequestEnergy.objects.filter(request_id=target.request_id).delete()
     with connection.cursor() as cur:
         cur.execute("DELETE FROM ledger_request WHERE id = %s", [target.pk])
     message = _broken_message()
@@ -142,7 +165,7 @@ def test_verify_ledger_detects_an_inserted_record(tmp_path: Path) -> None:
             "ledger_request",
             "ledger_interval",
             "ledger_idle",
-            "ledger_request_energy",
+            "ledger_batch_energy",
         ):
             cur.execute(f"UPDATE {table} SET seq = seq + 1000000 WHERE seq >= %s", [forged_seq])
             cur.execute(f"UPDATE {table} SET seq = seq - 1000000 + 1 WHERE seq >= 1000000")
@@ -181,10 +204,29 @@ def test_verify_ledger_detects_two_records_swapped(tmp_path: Path) -> None:
 
 def test_verify_ledger_detects_the_newest_records_deleted(tmp_path: Path) -> None:
     _ledger_with_records(tmp_path)
-    last = LedgerRequestEnergy.objects.order_by("-seq").first()
+    last = LedgerBatchEnergy.objects.order_by("-seq").first()
     assert last is not None
-    LedgerRequestEnergy.objects.filter(pk=last.pk).delete()
+    LedgerBatchEnergy.objects.filter(pk=last.pk).delete()
     assert "the newest records were deleted" in _broken_message()
+
+
+def test_verify_ledger_detects_a_share_moved_between_requests_of_a_batch(tmp_path: Path) -> None:
+    _ledger_with_records(tmp_path)
+    row = LedgerBatchEnergy.objects.order_by("seq").first()
+    assert row is not None
+    shares = orjson.loads(row.shares_uj)
+    shares[0], shares[1] = shares[0] + 1, shares[1] - 1  # the batch's total is unchanged
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE ledger_batch_energy SET shares_uj = %s WHERE id = %s",
+            [orjson.dumps(shares).decode(), row.pk],
+        )
+    message = _broken_message()
+    assert (
+        f"seq {row.seq}" in message
+        and "batch_energy record" in message
+        and "do not match its hash" in message
+    )
 
 
 def test_adjustment_is_an_appended_chained_entry_and_changes_no_record(tmp_path: Path) -> None:
@@ -320,3 +362,95 @@ def test_the_variant_is_chained_when_set_and_records_without_it_hash_as_before(t
     message = _broken_message()
     assert f"seq {target.seq}" in message and "do not match its hash" in message
     spool.close()
+
+
+def _request(request_id: str, batch_id: str, organization_id: int, units: int) -> dict[str, object]:
+    return {
+        "k": "req",
+        "request_id": request_id,
+        "organization_id": organization_id,
+        "model": "linear",
+        "version": "1",
+        "batch_id": batch_id,
+        "device_id": "cpu-model",
+        "received_ns": 1_800_000_000_000_000_000,
+        "started_ns": 1_800_000_000_000_000_000,
+        "finished_ns": 1_800_000_000_100_000_000,
+        "queue_ns": 0,
+        "compute_ns": 100_000_000,
+        "work_units": units,
+    }
+
+
+def test_request_energy_adds_its_shares_over_intervals_and_reads_older_per_request_parts() -> None:
+    org = OrganizationFactory()
+    records: list[dict[str, object]] = [
+        _request("new.r1", "new.b1", org.pk, 3),
+        _request("new.r2", "new.b1", org.pk, 1),
+        _request("old.r1", "old.b1", org.pk, 1),
+        # A batch across two metering intervals: a row for each, the second one final.
+        {
+            "k": "batch_energy",
+            "batch_id": "new.b1",
+            "interval_id": "i1",
+            "energy_uj": 400,
+            "request_ids": ["new.r1", "new.r2"],
+            "shares_uj": [300, 100],
+            "final": False,
+        },
+        {"k": "energy", "request_id": "old.r1", "interval_id": "i1", "batch_id": "old.b1", "energy_uj": 7},
+        {
+            "k": "batch_energy",
+            "batch_id": "new.b1",
+            "interval_id": "i2",
+            "energy_uj": 40,
+            "request_ids": ["new.r1", "new.r2"],
+            "shares_uj": [30, 10],
+            "final": True,
+        },
+        {
+            "k": "energy",
+            "request_id": "old.r1",
+            "interval_id": "i2",
+            "batch_id": "old.b1",
+            "energy_uj": 5,
+            "final": True,
+        },
+    ]
+    append_records("mixed", records)
+    assert [r.broken for r in verify_all()] == [None]
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_create(organization=org, scopes='read').raw_key}")
+    body = client.get("/api/v1/requests/new.r1").json()
+    assert body["energy_j"] == 330e-6 and body["energy_final"] is True
+    assert [(p["interval_id"], p["energy_j"], p["final"]) for p in body["energy_parts"]] == [
+        ("i1", 300e-6, False),
+        ("i2", 30e-6, True),
+    ]
+    old = client.get("/api/v1/requests/old.r1").json()
+    assert old["energy_j"] == 12e-6 and old["energy_final"] is True and len(old["energy_parts"]) == 2
+    listed = client.get("/api/v1/ledger/requests").json()
+    rows = listed["results"] if isinstance(listed, dict) else listed
+    assert {r["request_id"]: r["energy_j"] for r in rows} == {
+        "new.r1": 330e-6,
+        "new.r2": 110e-6,
+        "old.r1": 12e-6,
+    }
+
+
+def test_request_energy_is_pending_while_only_an_open_interval_holds_its_batch() -> None:
+    org = OrganizationFactory()
+    open_part = {
+        "k": "batch_energy",
+        "batch_id": "p.b1",
+        "interval_id": "i1",
+        "energy_uj": 9,
+        "request_ids": ["p.r1"],
+        "shares_uj": [9],
+        "final": False,
+    }
+    append_records("pending", [_request("p.r1", "p.b1", org.pk, 1), open_part])
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_create(organization=org, scopes='read').raw_key}")
+    body = client.get("/api/v1/requests/p.r1").json()
+    assert body["energy_j"] == 9e-6 and body["energy_final"] is False

@@ -18,7 +18,7 @@ from django.db import connection
 from carbonledger.ledger import KINDS, canonical, link_hash, normalize
 from carbonledger.ledger_verify import verify_all
 from carbonledger.ledger_writer import LedgerWriter, prepare_chunk
-from carbonledger.models import LedgerChain, LedgerRequest, LedgerRequestEnergy
+from carbonledger.models import LedgerBatchEnergy, LedgerChain, LedgerRequest
 from inference.spool import Spool, SpoolPosition
 from tests.factories import OrganizationFactory
 from tests.support.ledger import lines_for_batch
@@ -61,9 +61,9 @@ def test_pipelined_drain_writes_every_chunk_and_the_chain_verifies(
     assert consumed == sum(len(lines) for lines, _ in batches)
     ids = [rid for _, rids in batches for rid in rids]
     assert sorted(LedgerRequest.objects.values_list("request_id", flat=True)) == sorted(ids)
-    assert LedgerRequestEnergy.objects.count() == len(ids)
+    assert LedgerBatchEnergy.objects.count() == len(batches)
     chain = LedgerChain.objects.get(chain_id=spool.chain_id)
-    assert chain.head_seq == 12 * (1 + 4 + 1 + 1 + 4)
+    assert chain.head_seq == 12 * (1 + 4 + 1 + 1 + 1)
     assert chain.spool_position == writer.position.encode()
     assert [r.broken for r in verify_all()] == [None]  # every hash recomputed from the stored values
     assert spool.backlog_bytes == 0
@@ -113,7 +113,7 @@ def test_a_duplicate_chunk_rechains_the_chunk_prepared_behind_it(
     assert LedgerRequest.objects.filter(request_id__in=old_ids).count() == len(old_ids)
     assert LedgerRequest.objects.filter(request_id__in=new_ids).count() == len(new_ids)
     chain = LedgerChain.objects.get(chain_id=second.chain_id)
-    assert chain.head_seq == 3 * (1 + 3 + 1 + 1 + 3)  # only the new batches were chained
+    assert chain.head_seq == 3 * (1 + 3 + 1 + 1 + 1)  # only the new batches were chained
     assert [r.broken for r in verify_all()] == [None, None]
     writer.stop()
     second.close()

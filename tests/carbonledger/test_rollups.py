@@ -17,9 +17,9 @@ from carbonledger.models import (
     Device,
     EmissionFactor,
     HourlyRollup,
+    LedgerBatchEnergy,
     LedgerIdle,
     LedgerRequest,
-    LedgerRequestEnergy,
     Site,
 )
 from carbonledger.services import ledger_adjust
@@ -75,7 +75,7 @@ def test_rollup_totals_equal_raw_totals_for_a_synthetic_ledger(factors: None) ->
     generate_ledger(organization=org, requests=5000, days=2, seed=3)
     rollups_update()
     raw_requests = LedgerRequest.objects.count()
-    raw_energy = LedgerRequestEnergy.objects.aggregate(s=Sum("energy_uj"))["s"]
+    raw_energy = LedgerBatchEnergy.objects.aggregate(s=Sum("energy_uj"))["s"]
     raw_idle = LedgerIdle.objects.aggregate(s=Sum("energy_uj"))["s"]
     rolled = HourlyRollup.objects.filter(organization=org)
     assert rolled.aggregate(s=Sum("requests"))["s"] == raw_requests == 5000
@@ -89,6 +89,63 @@ def test_rollup_totals_equal_raw_totals_for_a_synthetic_ledger(factors: None) ->
     assert rolled.filter(synthetic=False).count() == 0  # synthetic data stays marked
     assert not rolled.exclude(carbon_error="").exists()
     assert not rolled.filter(location_co2e_g=None).exists()
+
+
+def test_a_batch_row_s_shares_reach_each_request_s_organization_and_older_per_request_parts_count(
+    factors: None,
+) -> None:
+    a, b = OrganizationFactory(), OrganizationFactory()
+    device = _device(_site(None))
+    t = int(JAN_2025.timestamp() * 1e9)
+
+    def req(request_id: str, batch_id: str, org_id: int) -> dict[str, object]:
+        return {
+            "k": "req",
+            "request_id": request_id,
+            "organization_id": org_id,
+            "model": "digits",
+            "version": "1",
+            "batch_id": batch_id,
+            "device_id": device.device_id,
+            "received_ns": t,
+            "started_ns": t,
+            "finished_ns": t + 1000,
+            "queue_ns": 0,
+            "compute_ns": 1000,
+            "work_units": 1,
+        }
+
+    shares = {"k": "batch_energy", "batch_id": "m.b1", "request_ids": ["m.r1", "m.r2", "m.r3"], "final": True}
+    append_records(
+        "mixed",
+        [
+            req("m.r1", "m.b1", a.pk),
+            req("m.r2", "m.b1", b.pk),
+            req("m.r3", "m.b1", a.pk),
+            req("old.r1", "old.b1", b.pk),
+            {**shares, "interval_id": "i1", "energy_uj": 600_000, "shares_uj": [100_000, 200_000, 300_000]},
+            {**shares, "interval_id": "i2", "energy_uj": 6_000, "shares_uj": [1_000, 2_000, 3_000]},
+            {
+                "k": "energy",
+                "request_id": "old.r1",
+                "interval_id": "i1",
+                "batch_id": "old.b1",
+                "energy_uj": 50_000,
+            },
+        ],
+    )
+    rollups_update()
+    energy = {
+        org: HourlyRollup.objects.filter(organization=org, kind="request").aggregate(s=Sum("energy_uj"))["s"]
+        for org in (a, b)
+    }
+    assert energy == {a: 404_000, b: 252_000}
+    rollups_rebuild()
+    rebuilt = {
+        org: HourlyRollup.objects.filter(organization=org, kind="request").aggregate(s=Sum("energy_uj"))["s"]
+        for org in (a, b)
+    }
+    assert rebuilt == energy
 
 
 def test_incremental_updates_equal_a_rebuild_and_a_second_run_adds_nothing(factors: None) -> None:

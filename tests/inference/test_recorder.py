@@ -131,7 +131,8 @@ def test_closed_intervals_conserve_energy_exactly_in_the_spool(setup: Any) -> No
     idle = {r["interval_id"]: r["energy_uj"] for r in records if r["k"] == "idle"}
     parts: dict[str, int] = {}
     for r in records:
-        if r["k"] == "energy":
+        if r["k"] == "batch_energy":
+            assert sum(r["shares_uj"]) == r["energy_uj"] and len(r["shares_uj"]) == len(r["request_ids"])
             parts[r["interval_id"]] = parts.get(r["interval_id"], 0) + r["energy_uj"]
     assert intervals
     for iid, interval in intervals.items():
@@ -139,8 +140,9 @@ def test_closed_intervals_conserve_energy_exactly_in_the_spool(setup: Any) -> No
     total = sum(i["energy_uj"] for i in intervals.values())
     assert total == pytest.approx(50.0 * (t - 1_000_000_000) / 1e9 * 1e6, abs=5)
     requests = {r["request_id"] for r in records if r["k"] == "req"}
-    final = {r["request_id"] for r in records if r["k"] == "energy" and r["final"]}
+    final = {rid for r in records if r["k"] == "batch_energy" and r["final"] for rid in r["request_ids"]}
     assert final == requests  # every request's energy is final once its interval closed
+    assert not [r for r in records if r["k"] == "energy"]  # one row per batch, none per request
 
 
 def test_a_full_spool_refuses_new_requests_and_fails_unrecordable_batches(tmp_path: Path) -> None:
@@ -204,7 +206,7 @@ def test_batches_from_several_threads_keep_conservation(setup: Any) -> None:
     assert len([r for r in records if r["k"] == "req"]) == 60
     for interval in (r for r in records if r["k"] == "interval"):
         iid = interval["interval_id"]
-        parts = sum(r["energy_uj"] for r in records if r["k"] == "energy" and r["interval_id"] == iid)
+        parts = sum(r["energy_uj"] for r in records if r["k"] == "batch_energy" and r["interval_id"] == iid)
         idle = next(r["energy_uj"] for r in records if r["k"] == "idle" and r["interval_id"] == iid)
         assert parts + idle == interval["energy_uj"]
 
@@ -247,7 +249,7 @@ def test_the_accountant_teaches_the_batcher_s_planner_each_batch_s_whole_energy(
     spool.close()
     by_batch: dict[str, int] = {}
     for r in records:
-        if r["k"] == "energy":
+        if r["k"] == "batch_energy":
             by_batch[r["batch_id"]] = by_batch.get(r["batch_id"], 0) + r["energy_uj"]
     batches = [r for r in records if r["k"] == "batch"]
     assert [rows for rows, _ in planner.energies] == [b["rows"] for b in batches] == [1, 2, 3]
@@ -264,3 +266,22 @@ def test_the_variant_that_served_a_batch_is_in_its_batch_and_request_records(set
     run_batch(hook, clock, batch, clock[0] + 1000, clock[0] + 2_000_000)
     records = spooled(spool)
     assert {r["variant"] for r in records if r["k"] in ("batch", "req")} == {"int8"}
+
+
+def test_a_batch_s_energy_row_splits_it_over_its_requests_in_order_by_work_units(setup: Any) -> None:
+    recorder, spool, clock, hook = setup
+    batch = [call(1), call(3), call(4)]  # 256, 768 and 1,024 elements
+    for p in batch:
+        p.enqueued_ns = clock[0]
+    run_batch(hook, clock, batch, clock[0] + 1000, clock[0] + 4_000_000)
+    clock[0] += 1_000_000
+    recorder.stop()
+    records = spooled(spool)
+    rows = [r for r in records if r["k"] == "batch_energy"]
+    assert len(rows) == 1 and rows[0]["final"] is True
+    row = rows[0]
+    assert row["request_ids"] == [p.payload.ledger_id for p in batch]
+    assert sum(row["shares_uj"]) == row["energy_uj"] > 0
+    # Largest remainder: each share is within 1 µJ of its exact proportion of the batch's energy.
+    for share, units in zip(row["shares_uj"], (1, 3, 4), strict=True):
+        assert abs(share - row["energy_uj"] * units / 8) < 1

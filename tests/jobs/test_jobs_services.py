@@ -21,7 +21,7 @@ from carbonledger.services import ServiceError, hash_key
 from jobs import services, tasks
 from jobs.models import Job, JobOutput
 from jobs.selectors import job_emissions
-from tests.factories import LedgerRequestEnergyFactory, LedgerRequestFactory
+from tests.factories import LedgerBatchEnergyFactory, LedgerRequestFactory
 from tests.jobs.conftest import H10, NOW, FakeGateway, import_series, infer_line, job_file
 from tests.support.intensity import forecast_reading
 
@@ -398,18 +398,30 @@ def test_the_dispatch_task_and_run_task_have_explicit_names() -> None:
 def _ran(
     org: Organization, job: Job, energy_uj: list[int], *, final: bool = True, hour: datetime
 ) -> list[str]:
-    """The job done, with one ledger request per output started in ``hour`` and its energy parts."""
+    """The job done, with one ledger request per output started in ``hour``, all in one batch, and the batch's
+    energy rows."""
     ids = []
     started_ns = int(hour.timestamp()) * 1_000_000_000 + 5_000_000_000
-    for i, uj in enumerate(energy_uj):
-        request = LedgerRequestFactory(organization=org, started_ns=started_ns, received_ns=started_ns - 10)
-        # Two parts per request (two intervals), the last one final.
-        LedgerRequestEnergyFactory(request_id=request.request_id, energy_uj=uj // 2, final=False)
-        LedgerRequestEnergyFactory(request_id=request.request_id, energy_uj=uj - uj // 2, final=final)
+    batch_id = f"t.job-batch.{job.pk}"
+    for i in range(len(energy_uj)):
+        request = LedgerRequestFactory(
+            organization=org, started_ns=started_ns, received_ns=started_ns - 10, batch_id=batch_id
+        )
         JobOutput.objects.create(
             job=job, index=i, line=i + 1, ledger_id=request.request_id, response="{}", answered_at=hour
         )
         ids.append(request.request_id)
+    # Two rows (the batch ran across two intervals), the last one final.
+    first = [uj // 2 for uj in energy_uj]
+    second = [uj - part for uj, part in zip(energy_uj, first, strict=True)]
+    for shares, is_final in ((first, False), (second, final)):
+        LedgerBatchEnergyFactory(
+            batch_id=batch_id,
+            request_ids=orjson.dumps(ids).decode(),
+            shares_uj=orjson.dumps(shares).decode(),
+            energy_uj=sum(shares),
+            final=is_final,
+        )
     Job.objects.filter(pk=job.pk).update(status=Job.Status.DONE, done_requests=len(energy_uj))
     job.refresh_from_db()
     return ids

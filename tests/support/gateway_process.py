@@ -140,29 +140,47 @@ class LedgerDatabase:
             }
         )
 
+    def energy_parts(self) -> list[tuple[str, str, int, bool]]:
+        """Every request's energy parts as (request id, interval id, µJ, final): the split of each batch row,
+        and the per-request rows of older records."""
+        parts = [
+            (rid, iid, int(uj), bool(final))
+            for rid, iid, uj, final in self.query(
+                "SELECT request_id, interval_id, energy_uj, final FROM ledger_request_energy"
+            )
+        ]
+        for iid, uj, request_ids, shares_uj, final in self.query(
+            "SELECT interval_id, energy_uj, request_ids, shares_uj, final FROM ledger_batch_energy"
+        ):
+            shares = orjson.loads(shares_uj)
+            assert sum(shares) == int(uj), f"a batch's shares in {iid} do not add up to its energy"
+            parts.extend(
+                (rid, iid, share, bool(final))
+                for rid, share in zip(orjson.loads(request_ids), shares, strict=True)
+            )
+        return parts
+
     def conservation_violations(self) -> tuple[int, list[tuple[Any, ...]]]:
         """(intervals checked, intervals where parts + idle != interval energy)."""
+        totals: Counter[str] = Counter()
+        for _rid, iid, uj, _final in self.energy_parts():
+            totals[iid] += uj
         rows = self.query(
-            """
-            SELECT i.interval_id, i.energy_uj, idl.energy_uj, COALESCE(parts.total, 0)
-            FROM ledger_interval i
-            LEFT JOIN ledger_idle idl ON idl.interval_id = i.interval_id
-            LEFT JOIN (
-                SELECT interval_id, SUM(energy_uj) AS total FROM ledger_request_energy GROUP BY interval_id
-            ) parts ON parts.interval_id = i.interval_id
-            """
+            "SELECT i.interval_id, i.energy_uj, idl.energy_uj FROM ledger_interval i "
+            "LEFT JOIN ledger_idle idl ON idl.interval_id = i.interval_id"
         )
-        bad = [r for r in rows if r[2] is None or int(r[3]) + int(r[2]) != int(r[1])]
+        bad = [(*r, totals[r[0]]) for r in rows if r[2] is None or totals[r[0]] + int(r[2]) != int(r[1])]
         return len(rows), bad
 
     def orphan_energy_parts(self) -> int:
         """Request energy parts whose interval is not in the ledger (energy outside every interval)."""
-        return int(
-            self.query(
-                "SELECT COUNT(*) FROM ledger_request_energy e "
-                "WHERE NOT EXISTS (SELECT 1 FROM ledger_interval i WHERE i.interval_id = e.interval_id)"
-            )[0][0]
-        )
+        intervals = {r[0] for r in self.query("SELECT interval_id FROM ledger_interval")}
+        return sum(1 for _rid, iid, _uj, _final in self.energy_parts() if iid not in intervals)
+
+    def requests_without_final_energy(self) -> list[str]:
+        """Request ids in the ledger none of whose energy parts is final."""
+        final = {rid for rid, _iid, _uj, is_final in self.energy_parts() if is_final}
+        return [rid for (rid,) in self.query("SELECT request_id FROM ledger_request") if rid not in final]
 
 
 # -- the gateway process ------------------------------------------------------------------------

@@ -16,8 +16,10 @@ def lines_for_batch(
     idle_uj: int = 100_000,
     device_id: str = "cpu-model",
     prefix: str = "t",
+    per_request_energy: bool = False,
 ) -> tuple[list[bytes], list[str]]:
-    """One batch, its requests, one interval with its idle line, and every request's part."""
+    """One batch, its requests, one interval with its idle line, and the batch's energy row with its split
+    (with ``per_request_energy``, one part per request instead, as records written before batch rows)."""
     n = next(_ids)
     batch_id, interval_id = f"{prefix}.b{n}", f"{prefix}.i{n}"
     t0 = 1_800_000_000_000_000_000 + n * 1_000_000_000
@@ -96,14 +98,27 @@ def lines_for_batch(
             "idle_power_w": 0.1,
         }
     )
-    for rid, share in zip(request_ids, shares, strict=True):
+    if per_request_energy:
+        for rid, share in zip(request_ids, shares, strict=True):
+            records.append(
+                {
+                    "k": "energy",
+                    "request_id": rid,
+                    "interval_id": interval_id,
+                    "batch_id": batch_id,
+                    "energy_uj": share,
+                    "final": True,
+                }
+            )
+    else:
         records.append(
             {
-                "k": "energy",
-                "request_id": rid,
-                "interval_id": interval_id,
+                "k": "batch_energy",
                 "batch_id": batch_id,
-                "energy_uj": share,
+                "interval_id": interval_id,
+                "energy_uj": sum(shares),
+                "request_ids": request_ids,
+                "shares_uj": shares,
                 "final": True,
             }
         )
@@ -119,7 +134,7 @@ def one_request_records(
     energy_uj: int,
     model: str = "digits",
 ) -> list[dict[str, object]]:
-    """One batch holding one request, and the request's whole (final) energy part, starting at ``t_ns``:
+    """One batch holding one request, and the batch's whole (final) energy row, starting at ``t_ns``:
     spool-shaped records for ``append_records``. Ids are ``{prefix}.b{n}``, ``.r{n}`` and ``.i{n}``."""
     batch_id, request_id = f"{prefix}.b{n}", f"{prefix}.r{n}"
     return [
@@ -151,11 +166,12 @@ def one_request_records(
             "work_units": 4,
         },
         {
-            "k": "energy",
-            "request_id": request_id,
-            "interval_id": f"{prefix}.i{n}",
+            "k": "batch_energy",
             "batch_id": batch_id,
+            "interval_id": f"{prefix}.i{n}",
             "energy_uj": energy_uj,
+            "request_ids": [request_id],
+            "shares_uj": [energy_uj],
             "final": True,
         },
     ]
