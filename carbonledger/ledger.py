@@ -40,10 +40,40 @@ class RecordKind:
     optional_tail: tuple[str, ...] = ()
     # Text columns that hold a compact JSON array: a spool record may carry the list itself.
     json_fields: tuple[str, ...] = ()
+    # Raises ValueError, naming the problem, for a record whose fields disagree with each other.
+    check: Callable[[dict[str, Any]], None] | None = None
 
     @property
     def table(self) -> str:
         return str(self.model._meta.db_table)
+
+
+def _as_list(value: Any) -> Any:
+    return orjson.loads(value) if isinstance(value, str) else value
+
+
+def check_split(record: dict[str, Any]) -> None:
+    """A batch's energy row must split exactly its ``energy_uj`` over its requests, one share each, none negative:
+    the ledger's readers rely on it."""
+    if "request_ids" not in record or "shares_uj" not in record:
+        return  # the normalizer names the missing field
+    try:
+        ids, shares = _as_list(record["request_ids"]), _as_list(record["shares_uj"])
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(
+            f"batch_energy record of batch {record.get('batch_id')!r}: not a JSON array ({exc})"
+        ) from None
+    where = f"batch_energy record of batch {record.get('batch_id')!r}"
+    if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
+        raise ValueError(f"{where}: request_ids must be a list of request ids, got {ids!r}")
+    if not isinstance(shares, list) or not all(type(x) is int and x >= 0 for x in shares):
+        raise ValueError(f"{where}: shares_uj must be a list of non-negative integers, got {shares!r}")
+    if len(ids) != len(shares):
+        raise ValueError(f"{where}: {len(ids)} request ids but {len(shares)} shares")
+    if sum(shares) != record.get("energy_uj"):
+        raise ValueError(
+            f"{where}: the shares add up to {sum(shares)} µJ, not its energy_uj {record.get('energy_uj')}"
+        )
 
 
 KINDS: dict[str, RecordKind] = {
@@ -130,6 +160,7 @@ KINDS: dict[str, RecordKind] = {
             ("batch_id", "interval_id", "energy_uj", "request_ids", "shares_uj", "final"),
             "batch_id",
             json_fields=("request_ids", "shares_uj"),
+            check=check_split,
         ),
         RecordKind(
             "adjustment",
@@ -205,8 +236,22 @@ def normalizer(kind: RecordKind) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
     """``normalize`` for one kind without the error message: raises KeyError for a missing field."""
     fn = _normalizers.get(kind.kind)
     if fn is None:
-        fn = _normalizers[kind.kind] = _compile(kind)
+        fn = _compile(kind)
+        if kind.check is not None:
+            fn = _checked(kind.check, fn)
+        _normalizers[kind.kind] = fn
     return fn
+
+
+def _checked(
+    check: Callable[[dict[str, Any]], None], fn: Callable[[dict[str, Any]], tuple[Any, ...]]
+) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    def checked(record: dict[str, Any]) -> tuple[Any, ...]:
+        values = fn(record)  # first: a missing field is a KeyError, which ``normalize`` names
+        check(record)
+        return values
+
+    return checked
 
 
 def normalize(kind: RecordKind, record: dict[str, Any]) -> tuple[Any, ...]:

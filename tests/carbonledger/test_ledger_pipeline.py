@@ -17,7 +17,7 @@ from django.db import connection
 
 from carbonledger.ledger import KINDS, canonical, link_hash, normalize
 from carbonledger.ledger_verify import verify_all
-from carbonledger.ledger_writer import LedgerWriter, prepare_chunk
+from carbonledger.ledger_writer import LedgerWriter, append_records, prepare_chunk
 from carbonledger.models import LedgerBatchEnergy, LedgerChain, LedgerRequest
 from inference.spool import Spool, SpoolPosition
 from tests.factories import OrganizationFactory
@@ -293,3 +293,45 @@ def test_a_preparer_process_leaves_when_its_writer_is_killed(tmp_path: Path) -> 
     while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+
+
+_SPLIT = {
+    "k": "batch_energy",
+    "batch_id": "s.b1",
+    "interval_id": "s.i1",
+    "energy_uj": 10,
+    "request_ids": ["s.r1", "s.r2"],
+    "shares_uj": [7, 3],
+    "final": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"shares_uj": [7, 4]}, "the shares add up to 11 µJ, not its energy_uj 10"),
+        ({"shares_uj": [10]}, "2 request ids but 1 shares"),
+        ({"shares_uj": [11, -1]}, "shares_uj must be a list of non-negative integers"),
+        ({"shares_uj": [7.5, 2.5]}, "shares_uj must be a list of non-negative integers"),
+        ({"request_ids": ["s.r1", ""]}, "request_ids must be a list of request ids"),
+        ({"request_ids": "not json"}, "not a JSON array"),
+    ],
+    ids=["sum", "lengths", "negative", "fractional", "empty-id", "not-json"],
+)
+def test_a_batch_energy_record_that_does_not_split_its_energy_exactly_is_refused_by_name(
+    change: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=r"batch_energy record of batch 's\.b1'") as refused:
+        normalize(KINDS["batch_energy"], {**_SPLIT, **change})
+    assert message in str(refused.value)
+    before = LedgerChain.objects.count()
+    with pytest.raises(ValueError, match="batch_energy record of batch"):
+        append_records("refused", [{**_SPLIT, **change}])
+    assert LedgerBatchEnergy.objects.count() == 0 and LedgerChain.objects.count() == before
+
+
+def test_a_batch_energy_record_stores_its_arrays_as_compact_json_and_verifies() -> None:
+    append_records("split", [_SPLIT])
+    row = LedgerBatchEnergy.objects.get()
+    assert (row.request_ids, row.shares_uj) == ('["s.r1","s.r2"]', "[7,3]")
+    assert [r.broken for r in verify_all()] == [None]
