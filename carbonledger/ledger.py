@@ -68,6 +68,8 @@ def check_split(record: dict[str, Any]) -> None:
         raise ValueError(f"{where}: request_ids must be a list of request ids, got {ids!r}")
     if not isinstance(shares, list) or not all(type(x) is int and x >= 0 for x in shares):
         raise ValueError(f"{where}: shares_uj must be a list of non-negative integers, got {shares!r}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{where}: a request id appears twice in request_ids")
     if len(ids) != len(shares):
         raise ValueError(f"{where}: {len(ids)} request ids but {len(shares)} shares")
     if sum(shares) != record.get("energy_uj"):

@@ -604,8 +604,12 @@ class LedgerWriter:
                 )
                 connection.close()
                 backoff = min(self.max_backoff_s, backoff * 2)
-            except Exception:
+            except Exception as exc:
+                # A record the ledger refuses (fields that contradict each other, a malformed line) stops the
+                # drain at its chunk rather than leaving a hole in the chain: the spool keeps it, the gateway
+                # goes on until the spool is full, and the error names the record for an operator.
                 self.healthy = False
+                self.last_error = f"{type(exc).__name__}: {exc}"
                 log.exception("ledger writer: unexpected error; retrying")
                 connection.close()
                 backoff = min(self.max_backoff_s, backoff * 2)

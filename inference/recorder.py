@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from inference.allocation import BatchRecord, EnergyAccountant, IntervalAllocation, RequestPart
+from inference.allocation import BatchRecord, EnergyAccountant, IntervalAllocation
 from inference.batcher import BatchTiming, Pending
 from inference.config import ModelSpec
 from inference.efficiency import EfficiencyPlanner
@@ -81,10 +81,6 @@ def work_units(spec: ModelSpec, p: Pending) -> int:
             return int(np.count_nonzero(arr)) or int(p.rows)
         return int(p.rows)
     return int(sum(a.size for a in inputs.values())) or int(p.rows)
-
-
-def _part_batch(part: RequestPart) -> str:
-    return part.batch_id
 
 
 class LedgerRecorder:
@@ -327,13 +323,12 @@ class LedgerRecorder:
         # One line per batch with its requests' shares, not one per request: at the batch sizes of a loaded
         # gateway that is a sixteenth of the lines to write here and of the rows for the ledger writer.
         splits: dict[str, tuple[list[str], list[int]]] = {}
-        for batch_id, parts in itertools.groupby(a.request_parts, key=_part_batch):
-            ids: list[str] = []
-            shares: list[int] = []
-            for part in parts:
-                ids.append(part.request_id)
-                shares.append(part.energy_uj)
-            splits[batch_id] = (ids, shares)
+        for part in a.request_parts:
+            split = splits.get(part.batch_id)
+            if split is None:
+                split = splits[part.batch_id] = ([], [])
+            split[0].append(part.request_id)
+            split[1].append(part.energy_uj)
         with self._batch_end_lock:
             for bp in a.batch_parts:
                 end = self._batch_end.get(bp.batch_id)

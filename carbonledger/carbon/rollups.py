@@ -167,10 +167,13 @@ _SQL = {
         "WHERE e.chain_id = %s AND e.seq > %s AND e.seq <= %s GROUP BY 1, 2, 3, 4, 5"
     ),
     "ledger_batch_energy_sqlite": (
-        "SELECT r.organization_id, r.device_id, r.model, r.started_ns / %s, r.synthetic, SUM(s.value) "
-        "FROM ledger_batch_energy e, json_each(e.request_ids) q, json_each(e.shares_uj) s "
+        # Each id's share read by its index: two json_each joined on the index would pair every id with
+        # every share first (n² rows for a batch of n).
+        "SELECT r.organization_id, r.device_id, r.model, r.started_ns / %s, r.synthetic, "
+        "SUM(json_extract(e.shares_uj, '$[' || q.key || ']')) "
+        "FROM ledger_batch_energy e, json_each(e.request_ids) q "
         "JOIN ledger_request r ON r.request_id = q.value "
-        "WHERE s.key = q.key AND e.chain_id = %s AND e.seq > %s AND e.seq <= %s GROUP BY 1, 2, 3, 4, 5"
+        "WHERE e.chain_id = %s AND e.seq > %s AND e.seq <= %s GROUP BY 1, 2, 3, 4, 5"
     ),
     "ledger_idle": (
         "SELECT device_id, t0_ns / %s, SUM(energy_uj) FROM ledger_idle "
@@ -193,7 +196,13 @@ _SQL = {
         "WHERE a.target_kind = 'interval' AND a.chain_id = %s AND a.seq > %s AND a.seq <= %s GROUP BY 1, 2"
     ),
 }
-_TABLES = ("ledger_request", "ledger_request_energy", "ledger_batch_energy", "ledger_idle", "ledger_adjustment")
+_TABLES = (
+    "ledger_request",
+    "ledger_request_energy",
+    "ledger_batch_energy",
+    "ledger_idle",
+    "ledger_adjustment",
+)
 
 
 def _read(deltas: _Deltas, table: str, chain_pk: int, after: int, upto: int) -> None:

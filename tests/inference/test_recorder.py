@@ -285,3 +285,36 @@ def test_a_batch_s_energy_row_splits_it_over_its_requests_in_order_by_work_units
     # Largest remainder: each share is within 1 µJ of its exact proportion of the batch's energy.
     for share, units in zip(row["shares_uj"], (1, 3, 4), strict=True):
         assert abs(share - row["energy_uj"] * units / 8) < 1
+
+
+def test_overlapping_batches_of_two_instances_each_get_a_row_with_exactly_their_own_requests(
+    setup: Any,
+) -> None:
+    recorder, spool, clock, hook = setup
+    t = clock[0]
+    first, second = [call(1), call(2)], [call(3), call(1), call(2)]
+    for p in first + second:
+        p.enqueued_ns = t
+    hook.begin(0, first)
+    hook.begin(1, second)
+    clock[0] = t + 3_000_000
+    hook.end(0, first, BatchTiming(t + 1_000, t + 3_000_000, 0, 2_999_000, 0), None)
+    clock[0] = t + 5_000_000
+    hook.end(1, second, BatchTiming(t + 2_000_000, t + 5_000_000, 0, 3_000_000, 0), None)
+    clock[0] = t + 6_000_000
+    recorder.stop()
+    records = spooled(spool)
+    batch_of = {r["request_id"]: r["batch_id"] for r in records if r["k"] == "req"}
+    rows = [r for r in records if r["k"] == "batch_energy"]
+    assert {r["batch_id"] for r in rows} == set(batch_of.values()) and len(set(batch_of.values())) == 2
+    for row in rows:
+        assert row["request_ids"] == [rid for rid, b in batch_of.items() if b == row["batch_id"]]
+        assert sum(row["shares_uj"]) == row["energy_uj"]
+    for interval in (r for r in records if r["k"] == "interval"):
+        parts = sum(r["energy_uj"] for r in rows if r["interval_id"] == interval["interval_id"])
+        idle = next(
+            r["energy_uj"]
+            for r in records
+            if r["k"] == "idle" and r["interval_id"] == interval["interval_id"]
+        )
+        assert parts + idle == interval["energy_uj"]
