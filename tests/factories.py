@@ -23,14 +23,22 @@ class LedgerChainFactory(factory.django.DjangoModelFactory):
     chain_id = factory.Sequence(lambda n: f"test-chain-{n}")
 
 
-class LedgerRequestFactory(factory.django.DjangoModelFactory):
+class _ChainedRecordFactory(factory.django.DjangoModelFactory):
+    """The chain columns every ledger record has (hashes made up: these tests do not verify chains)."""
+
     class Meta:
-        model = "carbonledger.LedgerRequest"
+        abstract = True
 
     chain = factory.SubFactory(LedgerChainFactory)
     seq = factory.Sequence(lambda n: n + 1)
     prev_hash = "0" * 64
     hash = factory.Sequence(lambda n: f"{n:064x}")
+
+
+class LedgerRequestFactory(_ChainedRecordFactory):
+    class Meta:
+        model = "carbonledger.LedgerRequest"
+
     request_id = factory.Sequence(lambda n: f"t.req.{n}")
     model = "linear"
     version = "1"
@@ -44,14 +52,10 @@ class LedgerRequestFactory(factory.django.DjangoModelFactory):
     work_units = 256
 
 
-class LedgerRequestEnergyFactory(factory.django.DjangoModelFactory):
+class LedgerRequestEnergyFactory(_ChainedRecordFactory):
     class Meta:
         model = "carbonledger.LedgerRequestEnergy"
 
-    chain = factory.SubFactory(LedgerChainFactory)
-    seq = factory.Sequence(lambda n: n + 1)
-    prev_hash = "0" * 64
-    hash = factory.Sequence(lambda n: f"{n:064x}")
     request_id = factory.Sequence(lambda n: f"t.req.{n}")
     interval_id = factory.Sequence(lambda n: f"t.interval.{n}")
     batch_id = factory.Sequence(lambda n: f"t.batch.{n}")
@@ -59,16 +63,12 @@ class LedgerRequestEnergyFactory(factory.django.DjangoModelFactory):
     final = True
 
 
-class LedgerBatchEnergyFactory(factory.django.DjangoModelFactory):
+class LedgerBatchEnergyFactory(_ChainedRecordFactory):
     """A batch's row for one interval; ``request_ids`` and ``shares_uj`` are JSON array texts, as stored."""
 
     class Meta:
         model = "carbonledger.LedgerBatchEnergy"
 
-    chain = factory.SubFactory(LedgerChainFactory)
-    seq = factory.Sequence(lambda n: n + 1)
-    prev_hash = "0" * 64
-    hash = factory.Sequence(lambda n: f"{n:064x}")
     batch_id = factory.Sequence(lambda n: f"t.batch.{n}")
     interval_id = factory.Sequence(lambda n: f"t.interval.{n}")
     request_ids = "[]"

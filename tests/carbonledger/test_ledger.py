@@ -29,7 +29,7 @@ from carbonledger.models import (
 from carbonledger.services import ServiceError, api_key_create, ledger_adjust
 from inference.spool import Spool
 from tests.factories import OrganizationFactory
-from tests.support.ledger import lines_for_batch
+from tests.support.ledger import batch_energy_record, lines_for_batch
 
 pytestmark = pytest.mark.django_db
 
@@ -389,25 +389,9 @@ def test_request_energy_adds_its_shares_over_intervals_and_reads_older_per_reque
         _request("new.r2", "new.b1", org.pk, 1),
         _request("old.r1", "old.b1", org.pk, 1),
         # A batch across two metering intervals: a row for each, the second one final.
-        {
-            "k": "batch_energy",
-            "batch_id": "new.b1",
-            "interval_id": "i1",
-            "energy_uj": 400,
-            "request_ids": ["new.r1", "new.r2"],
-            "shares_uj": [300, 100],
-            "final": False,
-        },
+        batch_energy_record("new.b1", "i1", ["new.r1", "new.r2"], [300, 100], final=False),
         {"k": "energy", "request_id": "old.r1", "interval_id": "i1", "batch_id": "old.b1", "energy_uj": 7},
-        {
-            "k": "batch_energy",
-            "batch_id": "new.b1",
-            "interval_id": "i2",
-            "energy_uj": 40,
-            "request_ids": ["new.r1", "new.r2"],
-            "shares_uj": [30, 10],
-            "final": True,
-        },
+        batch_energy_record("new.b1", "i2", ["new.r1", "new.r2"], [30, 10]),
         {
             "k": "energy",
             "request_id": "old.r1",
@@ -440,15 +424,7 @@ def test_request_energy_adds_its_shares_over_intervals_and_reads_older_per_reque
 
 def test_request_energy_is_pending_while_only_an_open_interval_holds_its_batch() -> None:
     org = OrganizationFactory()
-    open_part = {
-        "k": "batch_energy",
-        "batch_id": "p.b1",
-        "interval_id": "i1",
-        "energy_uj": 9,
-        "request_ids": ["p.r1"],
-        "shares_uj": [9],
-        "final": False,
-    }
+    open_part = batch_energy_record("p.b1", "i1", ["p.r1"], [9], final=False)
     append_records("pending", [_request("p.r1", "p.b1", org.pk, 1), open_part])
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_create(organization=org, scopes='read').raw_key}")

@@ -21,7 +21,7 @@ from carbonledger.ledger_writer import LedgerWriter, append_records, prepare_chu
 from carbonledger.models import LedgerBatchEnergy, LedgerChain, LedgerRequest
 from inference.spool import Spool, SpoolPosition
 from tests.factories import OrganizationFactory
-from tests.support.ledger import lines_for_batch
+from tests.support.ledger import batch_energy_record, lines_for_batch
 
 pytestmark = pytest.mark.django_db
 
@@ -295,15 +295,7 @@ def test_a_preparer_process_leaves_when_its_writer_is_killed(tmp_path: Path) -> 
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
 
 
-_SPLIT = {
-    "k": "batch_energy",
-    "batch_id": "s.b1",
-    "interval_id": "s.i1",
-    "energy_uj": 10,
-    "request_ids": ["s.r1", "s.r2"],
-    "shares_uj": [7, 3],
-    "final": True,
-}
+_SPLIT = batch_energy_record("s.b1", "s.i1", ["s.r1", "s.r2"], [7, 3])
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from carbonledger.models import (
 from carbonledger.services import ledger_adjust
 from carbonledger.synthetic_ledger import generate_ledger
 from tests.factories import OrganizationFactory
-from tests.support.ledger import one_request_records
+from tests.support.ledger import batch_energy_record, one_request_records
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -115,7 +115,7 @@ def test_a_batch_row_s_shares_reach_each_request_s_organization_and_older_per_re
             "work_units": 1,
         }
 
-    shares = {"k": "batch_energy", "batch_id": "m.b1", "request_ids": ["m.r1", "m.r2", "m.r3"], "final": True}
+    ids = ["m.r1", "m.r2", "m.r3"]
     append_records(
         "mixed",
         [
@@ -123,8 +123,8 @@ def test_a_batch_row_s_shares_reach_each_request_s_organization_and_older_per_re
             req("m.r2", "m.b1", b.pk),
             req("m.r3", "m.b1", a.pk),
             req("old.r1", "old.b1", b.pk),
-            {**shares, "interval_id": "i1", "energy_uj": 600_000, "shares_uj": [100_000, 200_000, 300_000]},
-            {**shares, "interval_id": "i2", "energy_uj": 6_000, "shares_uj": [1_000, 2_000, 3_000]},
+            batch_energy_record("m.b1", "i1", ids, [100_000, 200_000, 300_000]),
+            batch_energy_record("m.b1", "i2", ids, [1_000, 2_000, 3_000]),
             {
                 "k": "energy",
                 "request_id": "old.r1",

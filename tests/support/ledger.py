@@ -9,6 +9,21 @@ import orjson
 _ids = itertools.count(1)
 
 
+def batch_energy_record(
+    batch_id: str, interval_id: str, request_ids: list[str], shares_uj: list[int], final: bool = True
+) -> dict[str, object]:
+    """A batch's energy row for one interval, split over its requests, as the recorder spools it."""
+    return {
+        "k": "batch_energy",
+        "batch_id": batch_id,
+        "interval_id": interval_id,
+        "energy_uj": sum(shares_uj),
+        "request_ids": request_ids,
+        "shares_uj": shares_uj,
+        "final": final,
+    }
+
+
 def lines_for_batch(
     organization_id: int | None,
     requests: int = 3,
@@ -111,17 +126,7 @@ def lines_for_batch(
                 }
             )
     else:
-        records.append(
-            {
-                "k": "batch_energy",
-                "batch_id": batch_id,
-                "interval_id": interval_id,
-                "energy_uj": sum(shares),
-                "request_ids": request_ids,
-                "shares_uj": shares,
-                "final": True,
-            }
-        )
+        records.append(batch_energy_record(batch_id, interval_id, request_ids, shares))
     return [orjson.dumps(r) + b"\n" for r in records], request_ids
 
 
@@ -165,13 +170,5 @@ def one_request_records(
             "compute_ns": 1000,
             "work_units": 4,
         },
-        {
-            "k": "batch_energy",
-            "batch_id": batch_id,
-            "interval_id": f"{prefix}.i{n}",
-            "energy_uj": energy_uj,
-            "request_ids": [request_id],
-            "shares_uj": [energy_uj],
-            "final": True,
-        },
+        batch_energy_record(batch_id, f"{prefix}.i{n}", [request_id], [energy_uj]),
     ]
