@@ -346,9 +346,10 @@ def test_the_writer_stops_at_a_refused_record_names_it_and_keeps_the_spool(tmp_p
         assert not writer.healthy
         assert "batch_energy record of batch 's.b1'" in writer.last_error
         assert "add up to 11" in writer.last_error
+        # Nothing of the refused chunk (the good batch before it included) is written, and the spool keeps it.
+        # Checked before ``stop``, which closes this thread's database connection.
+        assert LedgerBatchEnergy.objects.count() == 0 and LedgerRequest.objects.count() == 0
+        assert spool.backlog_bytes == backlog > 0
     finally:
         writer.stop(timeout_s=2)
-    # Nothing of the refused chunk (the good batch before it included) is written, and the spool keeps it all.
-    assert LedgerBatchEnergy.objects.count() == 0 and LedgerRequest.objects.count() == 0
-    assert spool.backlog_bytes == backlog > 0
     spool.close()
