@@ -203,12 +203,16 @@ REQUEST_CSV_COLUMNS = (
     "work_units",
     "status",
     "synthetic",
+    "energy_j",
+    "energy_final",
     "chain_seq",
     "hash",
 )
 
 
-def requests_for_export(flt: LedgerFilter) -> Iterator[tuple[Any, ...]]:
+def requests_for_export(flt: LedgerFilter, chunk: int = 2_000) -> Iterator[tuple[Any, ...]]:
+    """Every request ``flt`` matches, in order, as CSV values; its energy so far (empty before any of its
+    intervals has closed) and whether it is final. Read ``chunk`` requests at a time: constant memory."""
     qs = _requests(LedgerFilter(**{**flt.__dict__, "after": None})).values_list(
         "request_id",
         "received_ns",
@@ -224,21 +228,19 @@ def requests_for_export(flt: LedgerFilter) -> Iterator[tuple[Any, ...]]:
         "seq",
         "hash",
     )
-    for (
-        rid,
-        received,
-        model,
-        version,
-        batch,
-        device,
-        queue,
-        compute,
-        units,
-        st,
-        synth,
-        seq,
-        digest,
-    ) in qs.iterator(chunk_size=5000):
+    pending: list[tuple[Any, ...]] = []
+    for row in qs.iterator(chunk_size=chunk):
+        pending.append(row)
+        if len(pending) >= chunk:
+            yield from _export_rows(pending)
+            pending = []
+    yield from _export_rows(pending)
+
+
+def _export_rows(rows: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    parts = request_energy_parts({r[0]: r[4] for r in rows})
+    for rid, received, model, version, batch, device, queue, compute, units, st, synth, seq, digest in rows:
+        mine = parts.get(rid)
         yield (
             rid,
             _iso(received),
@@ -251,6 +253,8 @@ def requests_for_export(flt: LedgerFilter) -> Iterator[tuple[Any, ...]]:
             units,
             st,
             synth,
+            sum(p.energy_uj for p in mine) / 1e6 if mine else "",
+            any(p.final for p in mine) if mine else False,
             seq,
             digest,
         )

@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from carbonledger.carbon import services as carbon
 from carbonledger.carbon.rollups import rollups_update
-from carbonledger.ledger_selectors import REQUEST_CSV_COLUMNS
+from carbonledger.ledger_selectors import REQUEST_CSV_COLUMNS, LedgerFilter, requests_for_export
 from carbonledger.models import (
     ApiKey,
     Device,
@@ -497,9 +497,11 @@ def test_the_csv_export_streams_every_matching_request_with_a_header(orgs: tuple
         record = by_id[row["request_id"]]
         assert row["hash"] == record.hash and int(row["chain_seq"]) == record.seq
         assert float(row["queue_ms"]) == pytest.approx(record.queue_ns / 1e6)
-    # The same rows as the paginated API, in the same order.
+    # The same rows as the paginated API, in the same order, with the same energy.
     api_rows, _ = _all_pages(_client(a.key), "ledger/requests", limit="1000", **query)
     assert [r["request_id"] for r in rows] == [r["request_id"] for r in api_rows]
+    assert [float(r["energy_j"]) for r in rows] == [r["energy_j"] for r in api_rows]
+    assert all(r["energy_final"] == "True" for r in rows)  # the synthetic ledger's intervals are closed
     # Only the caller's requests.
     theirs = _csv_rows(_client(b.key).get(f"{API}/ledger/requests.csv"))
     assert {line[0] for line in theirs[1:]} == _db_ids("requests", b.org)
@@ -514,6 +516,14 @@ def test_the_csv_export_has_no_page_limit_and_ignores_a_cursor(orgs: tuple[Org, 
     assert len(lines) == 1 + LedgerRequest.objects.filter(organization=a.org).count()
     empty = _csv_rows(client.get(f"{API}/ledger/requests.csv", {"model": "no-such-model"}))
     assert empty == [list(REQUEST_CSV_COLUMNS)]
+
+
+def test_the_csv_export_gives_the_same_energy_across_its_read_chunks(orgs: tuple[Org, Org]) -> None:
+    a, _ = orgs
+    flt = LedgerFilter(organization_id=a.org.pk)
+    whole = list(requests_for_export(flt, chunk=100_000))
+    assert len(whole) > 7 and all(row[11] != "" for row in whole)
+    assert list(requests_for_export(flt, chunk=7)) == whole
 
 
 # -- what each dashboard role may do ------------------------------------------------------------------
