@@ -34,7 +34,8 @@ class RecordKind:
     kind: str  # as written in the spool's "k" field
     model: type[models.Model]
     fields: tuple[str, ...]  # chained fields, in canonical order (column names)
-    natural_key: str
+    # The fields that identify a record, the first of them indexed: a replayed duplicate is found by them.
+    natural_key: tuple[str, ...]
     # Trailing fields added after records were first written: left out of the canonical form while empty,
     # so that every record written before them hashes exactly as it did.
     optional_tail: tuple[str, ...] = ()
@@ -57,13 +58,11 @@ def check_split(record: dict[str, Any]) -> None:
     the ledger's readers rely on it."""
     if "request_ids" not in record or "shares_uj" not in record:
         return  # the normalizer names the missing field
+    where = f"batch_energy record of batch {record.get('batch_id')!r}"
     try:
         ids, shares = _as_list(record["request_ids"]), _as_list(record["shares_uj"])
     except orjson.JSONDecodeError as exc:
-        raise ValueError(
-            f"batch_energy record of batch {record.get('batch_id')!r}: not a JSON array ({exc})"
-        ) from None
-    where = f"batch_energy record of batch {record.get('batch_id')!r}"
+        raise ValueError(f"{where}: not a JSON array ({exc})") from None
     if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
         raise ValueError(f"{where}: request_ids must be a list of request ids, got {ids!r}")
     if not isinstance(shares, list) or not all(type(x) is int and x >= 0 for x in shares):
@@ -97,7 +96,7 @@ KINDS: dict[str, RecordKind] = {
                 "status",
                 "variant",
             ),
-            "batch_id",
+            ("batch_id",),
             ("variant",),
         ),
         RecordKind(
@@ -122,7 +121,7 @@ KINDS: dict[str, RecordKind] = {
                 "synthetic",
                 "variant",
             ),
-            "request_id",
+            ("request_id",),
             ("variant",),
         ),
         RecordKind(
@@ -142,25 +141,25 @@ KINDS: dict[str, RecordKind] = {
                 "busy_ns",
                 "idle_ns",
             ),
-            "interval_id",
+            ("interval_id",),
         ),
         RecordKind(
             "idle",
             LedgerIdle,
             ("interval_id", "device_id", "t0_ns", "t1_ns", "energy_uj", "idle_ns", "idle_power_w"),
-            "interval_id",
+            ("interval_id",),
         ),
         RecordKind(
             "energy",
             LedgerRequestEnergy,
             ("request_id", "interval_id", "batch_id", "energy_uj", "final"),
-            "request_id",
+            ("request_id", "interval_id", "batch_id"),  # a request has one part per interval and batch
         ),
         RecordKind(
             "batch_energy",
             LedgerBatchEnergy,
             ("batch_id", "interval_id", "energy_uj", "request_ids", "shares_uj", "final"),
-            "batch_id",
+            ("batch_id", "interval_id"),  # a batch has one row per interval
             json_fields=("request_ids", "shares_uj"),
             check=check_split,
         ),
@@ -168,7 +167,7 @@ KINDS: dict[str, RecordKind] = {
             "adjustment",
             LedgerAdjustment,
             ("target_kind", "target_id", "energy_delta_uj", "reason", "actor", "created_ns"),
-            "target_id",
+            ("target_id",),
         ),
     )
 }

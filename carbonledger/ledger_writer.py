@@ -25,7 +25,7 @@ from psycopg.copy import Copy, FileWriter
 
 from carbonledger.ledger import CHAIN_COLUMNS, KINDS, RecordKind, link_hash, normalize, normalizer
 from carbonledger.ledger_preparer import PreparerFailed, PreparerProcess
-from carbonledger.models import Device, LedgerBatchEnergy, LedgerChain, LedgerRequestEnergy, Site
+from carbonledger.models import Device, LedgerChain, Site
 from inference.spool import Spool, SpoolPosition, SpoolReader
 
 log = logging.getLogger(__name__)
@@ -332,40 +332,26 @@ def _chain_and_insert(chain: LedgerChain, records: list[dict[str, Any]]) -> int:
     return written
 
 
-def _natural_key(kind: RecordKind, rec: dict[str, Any]) -> str:
-    if kind.kind == "energy":  # a request has one part per interval and batch
-        return f"{rec['request_id']}|{rec['interval_id']}|{rec['batch_id']}"
-    if kind.kind == "batch_energy":  # a batch has one row per interval
-        return f"{rec['batch_id']}|{rec['interval_id']}"
-    return str(rec[kind.natural_key])
+def _natural_key(kind: RecordKind, rec: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(rec[name] for name in kind.natural_key)
 
 
-def _existing_keys(kind: RecordKind, keys: set[str]) -> set[str]:
-    if kind.kind == "energy":
-        request_ids = {k.split("|", 1)[0] for k in keys}
-        rows = LedgerRequestEnergy.objects.filter(request_id__in=request_ids).values_list(
-            "request_id", "interval_id", "batch_id"
-        )
-        return {f"{a}|{b}|{c}" for a, b, c in rows}
-    if kind.kind == "batch_energy":
-        batch_ids = {k.split("|", 1)[0] for k in keys}
-        pairs = LedgerBatchEnergy.objects.filter(batch_id__in=batch_ids).values_list(
-            "batch_id", "interval_id"
-        )
-        return {f"{a}|{b}" for a, b in pairs}
-    manager = kind.model._default_manager
-    return set(manager.filter(**{f"{kind.natural_key}__in": keys}).values_list(kind.natural_key, flat=True))
+def _existing_keys(kind: RecordKind, keys: set[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+    """Which of ``keys`` the ledger already holds, found through the key's first (indexed) field."""
+    first = kind.natural_key[0]
+    rows = kind.model._default_manager.filter(**{f"{first}__in": {key[0] for key in keys}})
+    return set(rows.values_list(*kind.natural_key))
 
 
 def _without_existing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    wanted: dict[str, set[str]] = defaultdict(set)
+    wanted: dict[str, set[tuple[Any, ...]]] = defaultdict(set)
     for rec in records:
         kind = KINDS.get(rec.get("k", ""))
         if kind is not None:
             wanted[kind.kind].add(_natural_key(kind, rec))
     existing = {k: _existing_keys(KINDS[k], keys) for k, keys in wanted.items()}
     kept: list[dict[str, Any]] = []
-    seen: dict[str, set[str]] = defaultdict(set)
+    seen: dict[str, set[tuple[Any, ...]]] = defaultdict(set)
     for rec in records:
         kind = KINDS.get(rec.get("k", ""))
         if kind is None:
