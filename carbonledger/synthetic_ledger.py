@@ -24,6 +24,7 @@ from carbonledger.carbon.services import site_create
 from carbonledger.ledger_writer import append_records
 from carbonledger.models import Device, Organization, Site
 from carbonledger.services import ServiceError
+from inference.allocation import split_largest_remainder
 
 _INTERVAL_S = 60
 _NS = 1_000_000_000
@@ -204,7 +205,6 @@ def _minutes(
                     "variant": _VARIANTS.get(model.name, ""),
                 }
             )
-            share, remainder = divmod(energy_uj, size)  # equal work units: equal shares, remainder first
             request_ids: list[str] = []
             for _ in range(size):
                 next_id += 1
@@ -239,7 +239,7 @@ def _minutes(
                     "batch_id": batch_id,
                     "energy_uj": energy_uj,
                     "request_ids": request_ids,
-                    "shares_uj": [share + (1 if i < remainder else 0) for i in range(size)],
+                    "shares_uj": split_largest_remainder(energy_uj, [1] * size),  # equal work units
                     "final": True,
                 }
             )
