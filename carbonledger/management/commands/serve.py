@@ -27,7 +27,12 @@ class Command(BaseCommand):
                 port = int(raw)
             except ValueError:
                 raise CommandError(f"PORT must be an integer, got {raw!r}") from None
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        if os.environ.get("OPENBLAS_NUM_THREADS") is None:
+            # manage.py sets it before numpy loads; setting it here would be too late to matter.
+            self.stderr.write(
+                "warning: OPENBLAS_NUM_THREADS is not set: numpy's OpenBLAS may run a spinning worker "
+                "thread per core; start the server through manage.py or set OPENBLAS_NUM_THREADS=1"
+            )
         # Background threads (model instances, meters, the ledger writer) hold the GIL for up
         # to the switch interval at a time; 5 ms (the default) shows up directly in the event
         # loop's p99. A shorter interval trades a little throughput for that tail.
