@@ -18,7 +18,7 @@ from django.core.asgi import get_asgi_application
 django_app = get_asgi_application()
 
 from carbonledger.gateway_app import build_gateway  # noqa: E402
-from inference.gateway import Gateway  # noqa: E402
+from inference.gateway import DirectInfer, Gateway  # noqa: E402
 
 
 class Router:
@@ -33,6 +33,15 @@ class Router:
         if self._gateway is None:
             self._gateway = build_gateway()
         return self._gateway
+
+    def direct_infer(
+        self, method: str, path: str, headers: dict[bytes, bytes], received_ns: int
+    ) -> DirectInfer | None:
+        """See ``Gateway.direct_infer``; None until the lifespan has built the gateway."""
+        gateway = self._gateway
+        if gateway is None:
+            return None
+        return gateway.direct_infer(method, path, headers, received_ns)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         kind = scope["type"]

@@ -1,4 +1,5 @@
-"""uvicorn's httptools protocol, sending each response's header block and body in one write.
+"""uvicorn's httptools protocol, sending each response's header block and body in one write, and
+serving the common infer request without an ASGI task.
 
 uvicorn writes the status line and headers as soon as the application sends
 ``http.response.start``, then the body on ``http.response.body``: two ``send`` system calls and two
@@ -13,14 +14,25 @@ blank line) is held back and goes out with the next write, the body, in one ``se
 follows in the same callback (a streamed or empty response), the held bytes go out on the event
 loop's next iteration, which does not wait for I/O since a callback is ready. ``100 Continue`` is never
 held: the client waits for it before sending the body.
+
+Direct infer requests: for ``POST /v2/models/<m>/infer`` with a Content-Length and a cached API key
+(``Gateway.direct_infer`` decides), the protocol collects the body itself, hands it to the gateway and
+writes the answer in one write when the batch's results reach the event loop. The ASGI path would
+build a scope, a task, receive/send messages and a future for each request; the gateway's checks,
+statistics, ledger and answers are the same either way. Every other request, and an infer request
+that arrives behind an unfinished one on the same connection (pipelining), takes uvicorn's path.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import time
+from typing import Any, Protocol
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from inference.gateway import DirectInfer, wanted_headers
 
 _STATUS_LINE_START = b"HTTP/1.1 "
 _CONTINUE = b"HTTP/1.1 100 "
@@ -104,9 +116,131 @@ class HeaderHoldingTransport:
         return getattr(self._transport, name)
 
 
+class DirectTarget(Protocol):
+    def direct_infer(
+        self, method: str, path: str, headers: dict[bytes, bytes], received_ns: int
+    ) -> DirectInfer | None: ...
+
+
+def direct_target(app: Any) -> DirectTarget | None:
+    """The app (or the one a uvicorn middleware wraps) that can serve infer requests directly."""
+    for _ in range(8):
+        if app is None:
+            return None
+        if callable(getattr(app, "direct_infer", None)):
+            return app  # type: ignore[no-any-return]
+        app = getattr(app, "app", None)
+    return None
+
+
+class _NoEvent:
+    def set(self) -> None:
+        pass
+
+
+class DirectCycle:
+    """Stands in for uvicorn's RequestResponseCycle while an infer request is served directly.
+
+    uvicorn's protocol reads ``self.cycle`` to queue a pipelined request behind an unfinished one,
+    to mark a lost connection and to ask for a close at shutdown; this object answers those the
+    same way (``response_complete``, ``disconnected``, ``keep_alive``, ``message_event``).
+    """
+
+    __slots__ = ("_protocol", "chunks", "disconnected", "keep_alive", "response_complete", "ticket")
+    message_event = _NoEvent()
+
+    def __init__(self, protocol: CoalescingHttpToolsProtocol, ticket: DirectInfer) -> None:
+        self._protocol = protocol
+        self.ticket: DirectInfer | None = ticket
+        self.chunks: list[bytes] = []
+        self.disconnected = False
+        self.keep_alive = True
+        self.response_complete = False
+
+    def body_complete(self) -> None:
+        ticket = self.ticket
+        if ticket is None:
+            return
+        self.ticket = None
+        body = b"".join(self.chunks)
+        self.chunks = []
+        ticket.serve(body, self.respond)
+
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        if self.response_complete:
+            return
+        self.response_complete = True
+        protocol = self._protocol
+        transport = protocol.transport
+        if self.disconnected or transport.is_closing():
+            return
+        content = [STATUS_LINE[status]]
+        for name, value in (*protocol.server_state.default_headers, *headers):
+            content.extend((name, b": ", value, b"\r\n"))
+        content.append(b"content-length: %d\r\n" % len(body))
+        if not self.keep_alive:
+            content.append(b"connection: close\r\n")
+        content.extend((b"\r\n", body))
+        transport.write(b"".join(content))
+        if not self.keep_alive:
+            transport.close()
+        protocol.on_response_complete()
+
+
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """HttpToolsProtocol whose responses leave in one write when the body follows at once."""
+    """HttpToolsProtocol whose responses leave in one write when the body follows at once, and
+    which serves the common infer request directly (module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        direct_ok = self.limit_concurrency is None and not self.root_path
+        self._direct = direct_target(self.app) if direct_ok else None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         super().connection_made(HeaderHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+    def on_headers_complete(self) -> None:
+        if self._direct is not None and self._start_direct():
+            return
+        super().on_headers_complete()
+
+    def _start_direct(self) -> bool:
+        cycle = self.cycle
+        if (cycle is not None and not cycle.response_complete) or self.pipeline or self.expect_100_continue:
+            return False  # behind an unfinished request: uvicorn queues it in order
+        parser = self.parser
+        if (
+            parser.get_method() != b"POST"
+            or parser.get_http_version() != "1.1"
+            or not parser.should_keep_alive()
+            or parser.should_upgrade()
+        ):
+            return False
+        try:
+            raw_path = httptools.parse_url(self.url).path
+            path = raw_path.decode("ascii")
+        except (httptools.HttpParserInvalidURLError, UnicodeDecodeError):
+            return False  # uvicorn's path answers it as it always has
+        if "%" in path:
+            return False
+        assert self._direct is not None
+        ticket = self._direct.direct_infer("POST", path, wanted_headers(self.headers), time.monotonic_ns())
+        if ticket is None:
+            return False
+        self.cycle = DirectCycle(self, ticket)  # type: ignore[assignment]
+        return True
+
+    def on_body(self, body: bytes) -> None:
+        cycle: Any = self.cycle
+        if type(cycle) is DirectCycle:
+            cycle.chunks.append(body)  # at most the Content-Length, which the gateway bounded
+            return
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        cycle: Any = self.cycle
+        if type(cycle) is DirectCycle:
+            cycle.body_complete()
+            return
+        super().on_message_complete()

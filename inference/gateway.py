@@ -12,8 +12,9 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -78,18 +79,21 @@ KeyResolver = Callable[[str], Awaitable[Principal | None]]
 class InferCall:
     """The payload the batcher carries for one HTTP infer request."""
 
-    __slots__ = ("future", "inputs", "ledger_id", "principal", "received_ns", "request")
+    __slots__ = ("future", "inputs", "ledger_id", "on_done", "principal", "received_ns", "request")
 
     def __init__(
         self,
         request: InferRequest,
-        future: asyncio.Future[Any],
+        future: asyncio.Future[Any] | None,
         principal: Principal | None,
         received_ns: int,
     ) -> None:
         self.request = request
         self.inputs = request.inputs
+        # Exactly one of the two receives the result on the event loop: the future (an ASGI request's
+        # task awaits it) or on_done (a request served directly by the HTTP protocol, see DirectInfer).
         self.future = future
+        self.on_done: Callable[[Any], None] | None = None
         self.principal = principal
         self.received_ns = received_ns
         self.ledger_id: str | None = None  # set by the ledger recorder before the answer is delivered
@@ -183,7 +187,11 @@ class Gateway:
 
     # -- auth --------------------------------------------------------------------------------
 
-    async def _principal(self, headers: dict[bytes, bytes]) -> Principal | None:
+    def _cached_principal(self, headers: dict[bytes, bytes]) -> Principal | _KeyLookup | None:
+        """The request's principal when the key cache answers; a ``_KeyLookup`` when the key store must.
+
+        Raises Unauthorized or Forbidden for a missing, malformed or under-scoped key.
+        """
         if self._resolve_key is None:
             return None
         raw = headers.get(b"authorization")
@@ -193,35 +201,36 @@ class Gateway:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("malformed Authorization header: expected 'Bearer <key>'")
-        now = time.monotonic()
         hit = self._key_cache.get(token)
-        if hit is not None and hit[1] > now:
-            principal = hit[0]
-        else:
-            try:
-                found = await self._resolve_key(token)
-            except Exception as exc:
-                # The key store (the database) is unreachable. A key that was valid moments ago
-                # stays valid through the outage, so serving goes on while the spool has room;
-                # an unknown key cannot be checked and is refused as unavailable, not as invalid.
-                if hit is not None:
-                    log.warning("API key lookup failed (%s); using the last known answer for this key", exc)
-                    principal = hit[0]
-                else:
-                    raise KeyStoreUnavailable(
-                        "cannot check the API key right now: the key store is unreachable; retry shortly"
-                    ) from exc
-            else:
-                if found is None:
-                    self._key_cache.pop(token, None)
-                    raise Unauthorized("invalid or revoked API key")
-                principal = found
-                if len(self._key_cache) > 10_000:
-                    self._key_cache.clear()
-                self._key_cache[token] = (principal, now + self._key_cache_s)
-        if "infer" not in principal.scopes:
-            raise Forbidden("this API key lacks the 'infer' scope")
-        return principal
+        if hit is not None and hit[1] > time.monotonic():
+            return _with_infer_scope(hit[0])
+        return _KeyLookup(token, hit)
+
+    async def _principal(self, headers: dict[bytes, bytes]) -> Principal | None:
+        found = self._cached_principal(headers)
+        if not isinstance(found, _KeyLookup):
+            return found
+        assert self._resolve_key is not None
+        token, hit = found.token, found.stale
+        try:
+            resolved = await self._resolve_key(token)
+        except Exception as exc:
+            # The key store (the database) is unreachable. A key that was valid moments ago
+            # stays valid through the outage, so serving goes on while the spool has room;
+            # an unknown key cannot be checked and is refused as unavailable, not as invalid.
+            if hit is not None:
+                log.warning("API key lookup failed (%s); using the last known answer for this key", exc)
+                return _with_infer_scope(hit[0])
+            raise KeyStoreUnavailable(
+                "cannot check the API key right now: the key store is unreachable; retry shortly"
+            ) from exc
+        if resolved is None:
+            self._key_cache.pop(token, None)
+            raise Unauthorized("invalid or revoked API key")
+        if len(self._key_cache) > 10_000:
+            self._key_cache.clear()
+        self._key_cache[token] = (resolved, time.monotonic() + self._key_cache_s)
+        return _with_infer_scope(resolved)
 
     # -- ASGI --------------------------------------------------------------------------------
 
@@ -262,7 +271,7 @@ class Gateway:
             if path.startswith("/v2/health/"):
                 await self._health(path, send)
                 return
-            headers = _wanted_headers(scope)
+            headers = wanted_headers(scope["headers"])
             principal = await self._principal(headers)
             parts = path.split("/")
             # ['', 'v2', 'models', name, ('versions', v)?, action?]
@@ -435,8 +444,27 @@ class Gateway:
     ) -> None:
         received = time.monotonic_ns()
         mv = self.repository.version(name, version)
-        spec = mv.spec
         body = await self._read_body(headers, receive)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        pending = self._submit(mv, headers, body, principal, received, fut)
+        result = await fut
+        payload, response_headers = self._answer(mv, pending, result)
+        response_headers.append((b"content-length", str(len(payload)).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": response_headers})
+        await send({"type": "http.response.body", "body": payload})
+        self._response_sent(mv, pending, received)
+
+    def _submit(
+        self,
+        mv: ModelVersion,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        principal: Principal | None,
+        received: int,
+        future: asyncio.Future[Any] | None,
+    ) -> Pending:
+        """Decode, validate and enqueue one infer request; raises the InferenceError that refuses it."""
+        spec = mv.spec
         header_len = headers.get(b"inference-header-content-length")
         try:
             req = decode_request(body, parse_header_length(header_len, len(body)))
@@ -447,9 +475,7 @@ class Gateway:
         except InferenceError:
             mv.stats.record_failure("OTHER", time.monotonic_ns() - received)
             raise
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        call = InferCall(req, fut, principal, received)
+        call = InferCall(req, future, principal, received)
         pending = Pending(call, rows, shape_signature(spec, req), priority, timeout_us)
         assert mv.batcher is not None
         try:
@@ -457,11 +483,22 @@ class Gateway:
         except InferenceError as exc:
             mv.stats.record_failure(exc.reason, time.monotonic_ns() - received)
             raise
-        result = await fut
+        return pending
+
+    def _answer(
+        self, mv: ModelVersion, pending: Pending, result: Any
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """The 200 response's body and headers (without Content-Length) for a delivered result.
+
+        Raises the InferenceError the request ended with instead (queue timeout, backend error...).
+        """
+        call: InferCall = pending.payload
         if isinstance(result, InferenceError):
             if isinstance(result, RequestTimeout):  # never reached a batch, so no hook counted it
-                mv.stats.record_failure(result.reason, time.monotonic_ns() - received)
+                mv.stats.record_failure(result.reason, time.monotonic_ns() - call.received_ns)
             raise result
+        spec = mv.spec
+        req = call.request
         outputs: dict[str, np.ndarray[Any, Any]] = result
         requested = req.outputs
         if requested is None:
@@ -477,39 +514,163 @@ class Gateway:
                 params["variant"] = pending.variant  # which variant served it (fp32, int8...)
         payload, json_len = encode_response(spec.name, mv.version, req.id, chosen, params)
         if json_len is None:
-            await self._send_json(send, 200, payload)
-        else:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        (b"content-type", b"application/octet-stream"),
-                        (b"inference-header-content-length", str(json_len).encode()),
-                        (b"content-length", str(len(payload)).encode()),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": payload})
-        planner = mv.batcher.planner
+            return payload, [(b"content-type", b"application/json")]
+        return payload, [
+            (b"content-type", b"application/octet-stream"),
+            (b"inference-header-content-length", str(json_len).encode()),
+        ]
+
+    def _response_sent(self, mv: ModelVersion, pending: Pending, received: int) -> None:
+        planner = mv.batcher.planner if mv.batcher is not None else None
         if planner is not None:
             now = time.monotonic_ns()
             planner.response_done(now - received, now - pending.done_ns if pending.done_ns else 0)
+
+    # -- served directly by the HTTP protocol ---------------------------------------------
+
+    def direct_infer(
+        self, method: str, path: str, headers: dict[bytes, bytes], received_ns: int
+    ) -> DirectInfer | None:
+        """An infer request the HTTP server may serve without an ASGI task, or None.
+
+        Only the common case qualifies: a started gateway, ``POST /v2/models/<m>[/versions/<v>]/infer``
+        with a Content-Length within the limit, and an API key the cache answers (or one refused at
+        once). Anything else (a key to look up, a chunked or oversized body, another route) goes
+        through the ASGI app, which answers it the same way. ``headers`` holds at least the ones
+        ``wanted_headers`` keeps. Must be called on the event loop's thread.
+        """
+        if method != "POST" or not self.started:
+            return None
+        parts = path.split("/")
+        n = len(parts)
+        if n == 5 and parts[4] == "infer":
+            version = None
+        elif n == 7 and parts[4] == "versions" and parts[6] == "infer" and parts[5]:
+            version = parts[5]
+        else:
+            return None
+        name = parts[3]
+        if parts[0] or parts[1] != "v2" or parts[2] != "models" or not name:
+            return None
+        raw_length = headers.get(b"content-length")
+        if raw_length is None or not raw_length.isdigit() or int(raw_length) > self.options.max_body_bytes:
+            return None
+        try:
+            principal = self._cached_principal(headers)
+        except InferenceError as exc:
+            return DirectInfer(self, name, version, headers, None, received_ns, exc)
+        if isinstance(principal, _KeyLookup):
+            return None
+        return DirectInfer(self, name, version, headers, principal, received_ns, None)
+
+    def _answer_direct(self, mv: ModelVersion, pending: Pending, respond: Respond, result: Any) -> None:
+        try:
+            payload, headers = self._answer(mv, pending, result)
+        except InferenceError as exc:
+            _respond_error(respond, exc)
+            return
+        except Exception:
+            log.exception("encoding the answer of model '%s' failed", mv.spec.name)
+            respond(500, [_JSON], error_body("internal error while encoding the response"))
+            return
+        respond(200, headers, payload)
+        self._response_sent(mv, pending, pending.payload.received_ns)
+
+
+Respond = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
+"""Writes one whole response: status, headers without Content-Length, body."""
+
+_JSON = (b"content-type", b"application/json")
+
+
+def _respond_error(respond: Respond, exc: InferenceError) -> None:
+    respond(exc.status, [_JSON, *exc.headers()], error_body(exc.message))
+
+
+class DirectInfer:
+    """One infer request accepted for the direct path (``Gateway.direct_infer``), waiting for its body.
+
+    The HTTP protocol collects the body and calls ``serve``; the answer goes to ``respond`` exactly
+    once, on the event loop, either at once (a refused request) or when the batch's results arrive.
+    Same checks, statistics, ledger and answers as the ASGI path; what it saves is the ASGI task, its
+    receive/send messages and the future per request.
+    """
+
+    __slots__ = ("_error", "_gateway", "_headers", "_name", "_principal", "_version", "received_ns")
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        name: str,
+        version: str | None,
+        headers: dict[bytes, bytes],
+        principal: Principal | None,
+        received_ns: int,
+        error: InferenceError | None,
+    ) -> None:
+        self._gateway = gateway
+        self._name = name
+        self._version = version
+        self._headers = headers
+        self._principal = principal
+        self.received_ns = received_ns
+        self._error = error
+
+    def serve(self, body: bytes, respond: Respond) -> None:
+        gateway = self._gateway
+        mv: ModelVersion | None = None
+        try:
+            if self._error is not None:
+                raise self._error
+            mv = gateway.repository.version(self._name, self._version)
+            pending = gateway._submit(mv, self._headers, body, self._principal, self.received_ns, None)
+        except InferenceError as exc:
+            _respond_error(respond, exc)
+            return
+        except Exception:
+            log.exception("accepting an infer request for model '%s' failed", self._name)
+            respond(500, [_JSON], error_body("internal error while accepting the request"))
+            return
+        # The result is delivered by _complete on this (the event loop's) thread, so it cannot arrive
+        # before on_done is set here.
+        pending.payload.on_done = partial(gateway._answer_direct, mv, pending, respond)
+
+
+class _KeyLookup:
+    """An API key the cache cannot answer: the key store must (``stale`` is the expired entry, if any)."""
+
+    __slots__ = ("stale", "token")
+
+    def __init__(self, token: str, stale: tuple[Principal, float] | None) -> None:
+        self.token = token
+        self.stale = stale
+
+
+def _with_infer_scope(principal: Principal) -> Principal:
+    if "infer" not in principal.scopes:
+        raise Forbidden("this API key lacks the 'infer' scope")
+    return principal
 
 
 _WANTED = frozenset({b"authorization", b"content-length", b"inference-header-content-length"})
 
 
-def _wanted_headers(scope: Scope) -> dict[bytes, bytes]:
+def wanted_headers(pairs: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
     """The few request headers the gateway reads, in one pass (names arrive lower-cased)."""
-    return {k: v for k, v in scope["headers"] if k in _WANTED}
+    return {k: v for k, v in pairs if k in _WANTED}
 
 
 def _complete(items: list[tuple[Pending, Any]]) -> None:
     for p, result in items:
-        fut = p.payload.future
-        if not fut.done():
-            fut.set_result(result)
+        call: InferCall = p.payload
+        on_done = call.on_done
+        if on_done is not None:
+            try:
+                on_done(result)
+            except Exception:  # one failed answer must not keep the batch's other requests waiting
+                log.exception("answering an infer request failed")
+        elif call.future is not None and not call.future.done():
+            call.future.set_result(result)
 
 
 def _schedule_params(req: InferRequest) -> tuple[int, int]:
