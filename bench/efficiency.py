@@ -948,8 +948,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="[MODEL=]R1,R2,R3",
-        help="low,medium,high req/s, for one model (MODEL=...) or all; default linear=20,200,1500 "
-        "digits=20,300,2000",
+        help="low,medium,high req/s, for one model (MODEL=...) or all; default "
+        + " ".join(f"{m}={','.join(f'{r:g}' for r in rs)}" for m, rs in DEFAULT_RATES.items()),
     )
     p.add_argument(
         "--slo-ms",
