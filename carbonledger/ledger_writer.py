@@ -431,7 +431,6 @@ class LedgerWriter:
             self._helper.shutdown(wait=True, cancel_futures=True)
             self._helper = None
         self._stop_preparer()
-        connection.close()
 
     def _preparer_failed(self, exc: BaseException) -> None:
         """The preparer died (killed, out of memory): prepare here, and start a new one on the next drain."""
@@ -568,6 +567,14 @@ class LedgerWriter:
             pass
 
     def _run(self) -> None:
+        try:
+            self._drain_until_stopped()
+        finally:
+            # Django's connections are per thread: this closes the writer thread's own, which nobody else
+            # could close (``stop`` runs in another thread, whose connection is its caller's business).
+            connection.close()
+
+    def _drain_until_stopped(self) -> None:
         backoff = self.interval_s
         while True:
             stopping = self._stop.is_set()

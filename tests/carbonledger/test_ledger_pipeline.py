@@ -346,10 +346,27 @@ def test_the_writer_stops_at_a_refused_record_names_it_and_keeps_the_spool(tmp_p
         assert not writer.healthy
         assert "batch_energy record of batch 's.b1'" in writer.last_error
         assert "add up to 11" in writer.last_error
-        # Nothing of the refused chunk (the good batch before it included) is written, and the spool keeps it.
-        # Checked before ``stop``, which closes this thread's database connection.
-        assert LedgerBatchEnergy.objects.count() == 0 and LedgerRequest.objects.count() == 0
-        assert spool.backlog_bytes == backlog > 0
     finally:
         writer.stop(timeout_s=2)
+    # Nothing of the refused chunk (the good batch before it included) is written, and the spool keeps it all.
+    assert LedgerBatchEnergy.objects.count() == 0 and LedgerRequest.objects.count() == 0
+    assert spool.backlog_bytes == backlog > 0
+    spool.close()
+
+
+def test_stopping_the_writer_leaves_the_callers_database_connection_open(tmp_path: Path) -> None:
+    org = OrganizationFactory()
+    lines, _ = lines_for_batch(org.pk, requests=2, prefix="s")
+    spool = _spool(tmp_path / "spool", [lines])
+    writer = LedgerWriter(spool, interval_s=0.05)
+    writer.recover()
+    connection.ensure_connection()
+    callers = connection.connection
+    writer.start()
+    writer.stop(timeout_s=5)
+
+    # The writer thread closed its own connection on the way out, not this thread's (Django's connections
+    # are per thread), so the caller's transaction and queries go on.
+    assert connection.connection is callers
+    assert LedgerChain.objects.filter(chain_id=spool.chain_id).exists()
     spool.close()
