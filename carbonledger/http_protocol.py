@@ -123,12 +123,18 @@ class DirectTarget(Protocol):
 
 
 def direct_target(app: Any) -> DirectTarget | None:
-    """The app (or the one a uvicorn middleware wraps) that can serve infer requests directly."""
+    """The app (or the one uvicorn's own middleware wraps) that can serve infer requests directly.
+
+    Only uvicorn's wrappers (proxy headers, message logging) are looked through: a direct request
+    skips every ASGI layer, so behind any other middleware (authentication, tracing, CORS) it must
+    not be served directly, or it would silently bypass that middleware."""
     for _ in range(8):
         if app is None:
             return None
         if callable(getattr(app, "direct_infer", None)):
             return app  # type: ignore[no-any-return]
+        if not type(app).__module__.startswith("uvicorn.middleware."):
+            return None
         app = getattr(app, "app", None)
     return None
 
@@ -146,16 +152,27 @@ class DirectCycle:
     same way (``response_complete``, ``disconnected``, ``keep_alive``, ``message_event``).
     """
 
-    __slots__ = ("_protocol", "chunks", "disconnected", "keep_alive", "response_complete", "ticket")
+    __slots__ = (
+        "_protocol",
+        "chunks",
+        "disconnected",
+        "keep_alive",
+        "response_complete",
+        "ticket",
+        "url",
+        "waiting",
+    )
     message_event = _NoEvent()
 
-    def __init__(self, protocol: CoalescingHttpToolsProtocol, ticket: DirectInfer) -> None:
+    def __init__(self, protocol: CoalescingHttpToolsProtocol, ticket: DirectInfer | None, url: bytes) -> None:
         self._protocol = protocol
         self.ticket: DirectInfer | None = ticket
+        self.url = url  # the protocol's own is the next request's once that one begins
         self.chunks: list[bytes] = []
         self.disconnected = False
         self.keep_alive = True
         self.response_complete = False
+        self.waiting = False  # for the client to read what it was sent before (write back-pressure)
 
     def body_complete(self) -> None:
         ticket = self.ticket
@@ -167,13 +184,41 @@ class DirectCycle:
         ticket.serve(body, self.respond)
 
     def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        if self.response_complete:
+        if self.response_complete or self.waiting:
             return
+        protocol = self._protocol
+        if protocol.flow.write_paused and not self.disconnected:
+            # As uvicorn's send: a client that does not read gets nothing more until it does. The cycle
+            # stays unfinished meanwhile, so a request behind it queues in uvicorn's pipeline, which
+            # pauses reading.
+            self.waiting = True
+            protocol.loop.create_task(self._respond_when_writable(status, headers, body))
+            return
+        self._write(status, headers, body)
+
+    async def _respond_when_writable(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> None:
+        await self._protocol.flow.drain()  # also released when the connection is lost
+        self.waiting = False
+        self._write(status, headers, body)
+
+    def _write(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         self.response_complete = True
         protocol = self._protocol
         transport = protocol.transport
         if self.disconnected or transport.is_closing():
             return
+        if protocol.access_log:  # uvicorn's line, as its RequestResponseCycle writes it
+            client = protocol.client
+            protocol.access_logger.info(
+                '%s - "%s %s HTTP/%s" %d',
+                f"{client[0]}:{client[1]}" if client else "",
+                "POST",
+                self.url.decode("latin-1"),
+                "1.1",
+                status,
+            )
         content = [STATUS_LINE[status]]
         for name, value in (*protocol.server_state.default_headers, *headers):
             content.extend((name, b": ", value, b"\r\n"))
@@ -200,6 +245,13 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         assert isinstance(transport, asyncio.Transport)
         super().connection_made(HeaderHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        # uvicorn stops the keep-alive timer only when data arrives or a response completes. A direct
+        # refusal is answered inside the parser, and its completion arms the timer; a request that follows
+        # in the same packet must stop it, or the timer closes the connection while that request runs.
+        self._unset_keepalive_if_required()
+
     def on_headers_complete(self) -> None:
         if self._direct is not None and self._start_direct():
             return
@@ -209,6 +261,8 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if (cycle is not None and not cycle.response_complete) or self.pipeline or self.expect_100_continue:
             return False  # behind an unfinished request: uvicorn queues it in order
+        if self.transport.is_closing():
+            return False  # closing (Connection: close, shutdown): nothing new is started here
         parser = self.parser
         if (
             parser.get_method() != b"POST"
@@ -228,7 +282,7 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         ticket = self._direct.direct_infer("POST", path, wanted_headers(self.headers), time.monotonic_ns())
         if ticket is None:
             return False
-        self.cycle = DirectCycle(self, ticket)  # type: ignore[assignment]
+        self.cycle = DirectCycle(self, ticket, self.url)  # type: ignore[assignment]
         return True
 
     def on_body(self, body: bytes) -> None:

@@ -7,7 +7,9 @@ what the test sends. Which path served a request is read from a spy on the gatew
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -24,7 +26,11 @@ from tests.support.models import build_test_repository, linear_reference
 from tests.support.servers import free_port, serve_asgi
 
 KEY = "direct-key"
-PRINCIPALS = {KEY: Principal(1, "acme", 10, frozenset({"infer"}))}
+READ_ONLY_KEY = "read-only-key"
+PRINCIPALS = {
+    KEY: Principal(1, "acme", 10, frozenset({"infer"})),
+    READ_ONLY_KEY: Principal(1, "acme", 11, frozenset({"read"})),
+}
 
 
 async def resolver(token: str) -> Principal | None:
@@ -105,6 +111,14 @@ def _read_answers(conn: socket.socket, count: int, timeout_s: float = 10.0) -> l
     return answers
 
 
+def _slow_body(seconds: float, request_id: str | None = None) -> bytes:
+    """A request for the ``slow`` test model, which sleeps its input's value in seconds."""
+    doc: dict[str, Any] = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [seconds]}]}
+    if request_id is not None:
+        doc["id"] = request_id
+    return json.dumps(doc).encode()
+
+
 def _warm_key(address: str) -> None:
     """One request through the ASGI path puts the key in the gateway's cache."""
     body, _ = _linear_body(0, "warm")
@@ -156,14 +170,12 @@ def test_pipelined_requests_are_answered_in_order_behind_a_slow_direct_one(
 ) -> None:
     address, gateway = served
     _warm_key(address)
-    slow = json.dumps(
-        {"id": "slow", "inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.3]}]}
-    ).encode()
+    slow = _slow_body(0.3, "slow")
     fast, _ = _linear_body(2, "fast")
     metadata = (
         b"GET /v2/models/linear HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + KEY.encode() + b"\r\n\r\n"
     )
-    direct_before = gateway.direct
+    direct_before, asgi_before = gateway.direct, gateway.asgi_infer
     with _connect(address) as conn:
         conn.sendall(
             _request("/v2/models/slow/infer", slow)
@@ -177,7 +189,177 @@ def test_pipelined_requests_are_answered_in_order_behind_a_slow_direct_one(
     assert json.loads(answers[1][1])["id"] == "fast"
     assert json.loads(answers[2][1])["name"] == "linear"  # the metadata, in its place
     assert json.loads(answers[3][1])["id"] == "fast"
-    assert gateway.direct > direct_before  # at least the first went direct; the ones behind it queued
+    # The first went direct; the two infer requests behind it queued in uvicorn's pipeline (ASGI path).
+    assert (gateway.direct - direct_before, gateway.asgi_infer - asgi_before) == (1, 2)
+
+
+def test_a_request_behind_an_immediate_direct_refusal_is_not_cut_off_by_the_keep_alive_timer(
+    tmp_path: Path,
+) -> None:
+    # The refusal is answered inside the parser, which armed the keep-alive timer while the slow request
+    # sent in the same packet ran: the connection closed after 0.3 s and its answer was lost.
+    gateway = _build(tmp_path)
+    with serve_asgi(gateway, timeout_keep_alive=0.3) as address:
+        _warm_key(address)
+        with _connect(address) as conn:
+            conn.sendall(
+                _request("/v2/models/nope/infer", b"{}")
+                + _request("/v2/models/slow/infer", _slow_body(0.8, "s"))
+            )
+            refused, answered = _read_answers(conn, 2)
+            assert refused[0].startswith(b"HTTP/1.1 404")
+            assert answered[0].startswith(b"HTTP/1.1 200") and json.loads(answered[1])["id"] == "s"
+            # The timer still closes the connection once it is idle.
+            conn.settimeout(5)
+            assert conn.recv(65536) == b""
+    assert gateway.direct == 2
+
+
+def test_a_direct_request_writes_uvicorns_access_log_line_when_that_log_is_on(
+    served: tuple[str, SpyGateway],
+) -> None:
+    address, gateway = served
+    _warm_key(address)
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    access = logging.getLogger("uvicorn.access")
+    handler, level = Collect(), access.level
+    access.addHandler(handler)  # uvicorn's protocol logs when the logger has a handler, per connection
+    access.setLevel(logging.INFO)
+    try:
+        body, _ = _linear_body(6, "logged")
+        direct_before = gateway.direct
+        with _connect(address) as conn:
+            conn.sendall(_request("/v2/models/linear/versions/1/infer", body))
+            ((head, _),) = _read_answers(conn, 1)
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(level)
+    assert head.startswith(b"HTTP/1.1 200") and gateway.direct == direct_before + 1
+    # Only this request's line: an earlier connection's may land while the handler is on.
+    (line,) = [x for x in lines if "/versions/1/" in x]
+    assert line.startswith("127.0.0.1:") and line.endswith(
+        ' - "POST /v2/models/linear/versions/1/infer HTTP/1.1" 200'
+    )
+
+
+def test_a_key_without_the_infer_scope_is_refused_with_403_on_both_paths(
+    served: tuple[str, SpyGateway],
+) -> None:
+    address, gateway = served
+    body, _ = _linear_body(5, "r")
+    direct_before = gateway.direct
+    with _connect(address) as conn:
+        for _ in range(2):  # the first looks the key up (ASGI path), the second finds it cached (direct)
+            conn.sendall(_request("/v2/models/linear/infer", body, key=READ_ONLY_KEY))
+            ((head, payload),) = _read_answers(conn, 1)
+            assert head.startswith(b"HTTP/1.1 403")
+            assert json.loads(payload) == {"error": "this API key lacks the 'infer' scope"}
+    assert gateway.direct == direct_before + 1
+
+
+def test_a_direct_answer_waits_until_a_client_that_stopped_reading_reads_again() -> None:
+    # uvicorn's ASGI path sends nothing more while the transport's buffer is over its high-water mark;
+    # the direct path must not pile answers into it either.
+    class Transport:
+        def __init__(self) -> None:
+            self.written: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.written.append(data)
+
+        def is_closing(self) -> bool:
+            return False
+
+        def close(self) -> None:
+            raise AssertionError("a keep-alive connection must stay open")
+
+    class ServerState:
+        default_headers: list[tuple[bytes, bytes]] = []
+
+    async def scenario() -> None:
+        from uvicorn.protocols.http.flow_control import FlowControl
+
+        from carbonledger.http_protocol import DirectCycle
+
+        protocol: Any = type("Protocol", (), {})()
+        protocol.transport = Transport()
+        protocol.flow = FlowControl(protocol.transport)
+        protocol.loop = asyncio.get_running_loop()
+        protocol.server_state = ServerState()
+        protocol.access_log = False
+        completed: list[bool] = []
+        protocol.on_response_complete = lambda: completed.append(True)
+        cycle = DirectCycle(protocol, None, b"/v2/models/m/infer")
+
+        protocol.flow.pause_writing()
+        cycle.respond(200, [(b"content-type", b"application/json")], b"{}")
+        cycle.respond(500, [], b"{}")  # a second answer is never written
+        await asyncio.sleep(0.05)
+        assert protocol.transport.written == [] and completed == [] and not cycle.response_complete
+
+        protocol.flow.resume_writing()
+        await asyncio.sleep(0.01)
+        assert cycle.response_complete and completed == [True]
+        (written,) = protocol.transport.written
+        assert written.startswith(b"HTTP/1.1 200 OK\r\n") and written.endswith(b"\r\n\r\n{}")
+
+    asyncio.run(scenario())
+
+
+def test_a_direct_answer_for_a_client_that_left_while_it_waited_is_dropped() -> None:
+    class Transport:
+        written: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.written.append(data)
+
+        def is_closing(self) -> bool:
+            return True
+
+    async def scenario() -> None:
+        from uvicorn.protocols.http.flow_control import FlowControl
+
+        from carbonledger.http_protocol import DirectCycle
+
+        protocol: Any = type("Protocol", (), {})()
+        protocol.transport = Transport()
+        protocol.flow = FlowControl(protocol.transport)
+        protocol.loop = asyncio.get_running_loop()
+        protocol.access_log = False
+        protocol.on_response_complete = lambda: pytest.fail("no response completed for a lost connection")
+        cycle = DirectCycle(protocol, None, b"/v2/models/m/infer")
+        protocol.flow.pause_writing()
+        cycle.respond(200, [], b"{}")
+        cycle.disconnected = True  # what uvicorn's connection_lost does, then it releases the writers
+        protocol.flow.resume_writing()
+        await asyncio.sleep(0.01)
+        assert protocol.transport.written == []
+
+    asyncio.run(scenario())
+
+
+def test_the_direct_path_is_found_through_uvicorns_wrappers_and_never_through_other_middleware(
+    tmp_path: Path,
+) -> None:
+    from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+    from carbonledger.http_protocol import direct_target
+
+    gateway = _build(tmp_path)
+
+    class Tracing:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+    assert direct_target(gateway) is gateway
+    assert direct_target(ProxyHeadersMiddleware(gateway)) is gateway  # type: ignore[arg-type]
+    assert direct_target(Tracing(gateway)) is None
+    assert direct_target(ProxyHeadersMiddleware(Tracing(gateway))) is None  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -278,9 +460,7 @@ def test_a_client_that_leaves_before_its_answer_does_not_stop_the_server(
 ) -> None:
     address, gateway = served
     _warm_key(address)
-    slow = json.dumps(
-        {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.2]}]}
-    ).encode()
+    slow = _slow_body(0.2)
     direct_before = gateway.direct
     with _connect(address) as conn:
         conn.sendall(_request("/v2/models/slow/infer", slow))
@@ -296,9 +476,7 @@ def test_a_direct_request_in_flight_at_shutdown_is_answered_then_the_connection_
     gateway = _build(tmp_path)
     answers: list[tuple[bytes, bytes]] = []
     closed_after: list[bytes] = []
-    slow = json.dumps(
-        {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.5]}]}
-    ).encode()
+    slow = _slow_body(0.5)
     with serve_asgi(gateway) as address:
         _warm_key(address)
         conn = _connect(address)

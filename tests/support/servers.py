@@ -43,8 +43,9 @@ def free_port_block(n: int) -> int:
 
 
 @contextmanager
-def serve_asgi(app: Any, timeout_s: float = 30.0) -> Iterator[str]:
-    """Yield ``host:port`` once the app's lifespan start-up has completed."""
+def serve_asgi(app: Any, timeout_s: float = 30.0, **config_options: Any) -> Iterator[str]:
+    """Yield ``host:port`` once the app's lifespan start-up has completed; ``config_options`` go to
+    ``uvicorn.Config`` (``timeout_keep_alive``, say)."""
     port = free_port()
     config = uvicorn.Config(
         app,
@@ -55,6 +56,7 @@ def serve_asgi(app: Any, timeout_s: float = 30.0) -> Iterator[str]:
         lifespan="on",
         access_log=False,
         log_level="warning",
+        **config_options,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
