@@ -516,3 +516,28 @@ def test_one_failing_answer_does_not_keep_the_rest_of_its_batch_waiting() -> Non
         calls.append(call)
     _complete([(P(calls[0]), "a"), (P(calls[1]), "b")])  # type: ignore[list-item]
     assert delivered == ["b"]
+
+
+def test_a_full_queue_refuses_a_direct_request_with_429_and_retry_after(
+    served: tuple[str, SpyGateway],
+) -> None:
+    address, gateway = served
+    _warm_key(address)
+    direct_before = gateway.direct
+    # `slow` runs one request at a time and queues one more: the third is refused at once.
+    with _connect(address) as running, _connect(address) as queued, _connect(address) as refused:
+        running.sendall(_request("/v2/models/slow/infer", _slow_body(0.6, "running")))
+        time.sleep(0.15)
+        queued.sendall(_request("/v2/models/slow/infer", _slow_body(0.0, "queued")))
+        time.sleep(0.15)
+        refused.sendall(_request("/v2/models/slow/infer", _slow_body(0.0, "refused")))
+        ((head, payload),) = _read_answers(refused, 1)
+        assert head.startswith(b"HTTP/1.1 429")
+        assert b"\r\nretry-after: " in head.lower()
+        assert "exceeds maximum queue size for model 'slow'" in json.loads(payload)["error"]
+        # The two accepted ones are answered, and the refused connection keeps serving.
+        assert json.loads(_read_answers(running, 1)[0][1])["id"] == "running"
+        assert json.loads(_read_answers(queued, 1)[0][1])["id"] == "queued"
+        refused.sendall(_request("/v2/models/slow/infer", _slow_body(0.0, "later")))
+        assert json.loads(_read_answers(refused, 1)[0][1])["id"] == "later"
+    assert gateway.direct == direct_before + 4
