@@ -534,7 +534,7 @@ def test_a_full_queue_refuses_a_direct_request_with_429_and_retry_after(
         ((head, payload),) = _read_answers(refused, 1)
         assert head.startswith(b"HTTP/1.1 429")
         assert b"\r\nretry-after: " in head.lower()
-        assert "exceeds maximum queue size for model 'slow'" in json.loads(payload)["error"]
+        assert "exceeds maximum queue size for model 'slow/1'" in json.loads(payload)["error"]
         # The two accepted ones are answered, and the refused connection keeps serving.
         assert json.loads(_read_answers(running, 1)[0][1])["id"] == "running"
         assert json.loads(_read_answers(queued, 1)[0][1])["id"] == "queued"
