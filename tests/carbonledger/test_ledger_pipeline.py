@@ -354,6 +354,9 @@ def test_the_writer_stops_at_a_refused_record_names_it_and_keeps_the_spool(tmp_p
     spool.close()
 
 
+# The writer thread commits on its own connection, outside the test's transaction: without a flush at the end
+# its device, chain and requests would stay in the database for the tests after this one.
+@pytest.mark.django_db(transaction=True)
 def test_stopping_the_writer_leaves_the_callers_database_connection_open(tmp_path: Path) -> None:
     org = OrganizationFactory()
     lines, _ = lines_for_batch(org.pk, requests=2, prefix="s")
