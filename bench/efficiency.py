@@ -270,14 +270,19 @@ def knob_label(k: float) -> str:
     return f"k{k:g}".replace(".", "")
 
 
-def build_repository(root: Path, knob: float, slo_ms: dict[str, float], adaptive: str) -> dict[str, str]:
-    """The demo repository with the knob and the objective in ``linear``'s and ``digits``' parameters."""
-    shutil.copytree(DEMO, root, ignore=shutil.ignore_patterns("build_digits.py", "__pycache__", "*.pyc"))
+def build_repository(
+    root: Path, knob: float, slo_ms: dict[str, float], adaptive: str, source: Path = DEMO
+) -> dict[str, str]:
+    """The ``source`` repository (the demo's by default) with the knob and the objective in ``linear``'s and
+    ``digits``' parameters."""
+    shutil.copytree(
+        source, root, ignore=shutil.ignore_patterns("build_digits.py", "README.md", "__pycache__", "*.pyc")
+    )
     configs = {}
     for model in MODELS:
         path = root / model / "config.pbtxt"
         if not path.exists():
-            raise SetupError(f"{DEMO / model / 'config.pbtxt'} is missing")
+            raise SetupError(f"{source / model / 'config.pbtxt'} is missing")
         text = path.read_text()
         if re.search(r'key:\s*"(energy_efficiency|latency_slo_ms)"', text):
             raise SetupError(f"{path} already sets the knob; this benchmark sets it itself")
@@ -319,7 +324,7 @@ def prepare_gateway(work: Path, knob: float, args: argparse.Namespace) -> Gatewa
     var = work / label
     models = var / "models"
     var.mkdir(parents=True)
-    configs = build_repository(models, knob, args.slo_map, args.adaptive_delay)
+    configs = build_repository(models, knob, args.slo_map, args.adaptive_delay, args.repository)
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
     env.update(
         CARBONLEDGER_VAR_DIR=str(var),
@@ -620,22 +625,36 @@ def read_batches(db_path: Path, batch_ids: list[str]) -> list[tuple[str, int, in
         con.close()
 
 
-def read_intervals(db_path: Path, t0_ns: int, t1_ns: int) -> dict[str, Any]:
-    """The device's closed intervals that lie within [t0_ns, t1_ns]: energy, idle part, duration."""
+def read_intervals(db_path: Path, t0_ns: int, t1_ns: int, batch_ids: list[str]) -> dict[str, Any]:
+    """The closed intervals, within [t0_ns, t1_ns], of the device the cell's batches ran on: energy, idle
+    part, duration. A gateway with a GPU model meters the host's CPU too, as a second device; its
+    intervals are not the cell's."""
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10)
     try:
+        devices: set[str] = set()
+        for chunk in _chunks(batch_ids):
+            marks = ",".join("?" * len(chunk))
+            devices.update(
+                d
+                for (d,) in con.execute(
+                    f"SELECT DISTINCT device_id FROM ledger_batch WHERE batch_id IN ({marks})", chunk
+                )
+            )
+        on = f"device_id IN ({','.join('?' * len(devices))})"
+        ordered = sorted(devices)
         n, energy, idle, dur, busy = con.execute(
-            """SELECT COUNT(*), COALESCE(SUM(energy_uj), 0), COALESCE(SUM(idle_uj), 0),
+            f"""SELECT COUNT(*), COALESCE(SUM(energy_uj), 0), COALESCE(SUM(idle_uj), 0),
                       COALESCE(SUM(t1_ns - t0_ns), 0), COALESCE(SUM(busy_ns), 0)
-               FROM ledger_interval WHERE t0_ns >= ? AND t1_ns <= ?""",
-            (t0_ns, t1_ns),
+               FROM ledger_interval WHERE t0_ns >= ? AND t1_ns <= ? AND {on}""",
+            (t0_ns, t1_ns, *ordered),
         ).fetchone()
         method = con.execute(
-            "SELECT DISTINCT device_id || ' (' || method || ')' FROM ledger_interval"
+            f"SELECT DISTINCT device_id || ' (' || method || ')' FROM ledger_interval WHERE {on}", ordered
         ).fetchall()
         idle_w = con.execute(
-            "SELECT MIN(idle_power_w), MAX(idle_power_w) FROM ledger_idle WHERE t0_ns >= ? AND t1_ns <= ?",
-            (t0_ns, t1_ns),
+            f"SELECT MIN(idle_power_w), MAX(idle_power_w) FROM ledger_idle WHERE t0_ns >= ? AND t1_ns <= ? "
+            f"AND {on}",
+            (t0_ns, t1_ns, *ordered),
         ).fetchone()
     finally:
         con.close()
@@ -1006,9 +1025,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="NAME=VALUE",
         help="extra environment for every gateway (recorded), e.g. DEVICE_IDLE_POWER_W=5",
     )
+    p.add_argument(
+        "--repository",
+        type=Path,
+        default=DEMO,
+        help="model repository holding linear and digits (default: the demo's); bench/gpu_repository runs\n"
+        "both on an NVIDIA GPU with PyTorch, metered by NVML",
+    )
     p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     p.add_argument("--keep-work", action="store_true", help="keep the temporary folder (logs, databases)")
     args = p.parse_args(argv)
+    args.repository = args.repository.resolve()
+    missing = [m for m in MODELS if not (args.repository / m / "config.pbtxt").exists()]
+    if missing:
+        p.error(f"--repository {args.repository}: no {', '.join(missing)} (each needs <model>/config.pbtxt)")
     args.model_list = [m.strip() for m in args.models.split(",") if m.strip()]
     if not args.model_list or set(args.model_list) - set(MODELS):
         p.error(f"--models: choose among {', '.join(MODELS)}")
@@ -1056,6 +1086,11 @@ def level_names(n: int) -> tuple[str, ...]:
     return {1: ("low",), 2: ("low", "high"), 3: LEVELS}[n]
 
 
+def served_models(repository: Path) -> list[str]:
+    """Every model of the repository (the demo's ``digits_int8`` too): the gateway is ready when all are."""
+    return sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
+
+
 def start_gateways(work: Path, args: argparse.Namespace) -> list[Gateway]:
     gateways: list[Gateway | None] = [None] * len(args.knob_list)
     failures: list[BaseException] = []
@@ -1081,7 +1116,7 @@ def start_gateways(work: Path, args: argparse.Namespace) -> list[Gateway]:
         g.server.argv[-1] = str(ports + i)
         g.server.start()
     for g in ready:
-        wait_ready(g.server, {"Authorization": f"Bearer {g.key}"}, [*MODELS, "digits_int8"], 120.0)
+        wait_ready(g.server, {"Authorization": f"Bearer {g.key}"}, served_models(args.repository), 120.0)
         log(f"{g.server.name} ready on port {g.server.port}")
     return ready
 
@@ -1090,13 +1125,13 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     work = Path(tempfile.mkdtemp(prefix="efficiency-"))
-    meta: dict[str, Any] = {"started_utc": stamp, **machine_info()}
+    meta: dict[str, Any] = {"started_utc": stamp, **machine_info(), "repository": str(args.repository)}
     log(f"work folder {work}")
     workloads = {m: Workload.build(m) for m in args.model_list}
     digits_acc = {}
     for name in ("digits", "digits_int8"):
         with contextlib.suppress(OSError, ValueError):
-            doc = json.loads((DEMO / name / "accuracy.json").read_text())
+            doc = json.loads((args.repository / name / "accuracy.json").read_text())
             digits_acc[name] = {"accuracy": doc["accuracy"], "n_test": doc["n_test"]}
     if "digits" in workloads and digits_acc.get("digits", {}).get("n_test") not in (
         None,
@@ -1189,7 +1224,7 @@ def run(args: argparse.Namespace) -> int:
                     batches = read_batches(g.db_path, batch_ids)
                     summary = summarize_cell(samples, ledger, batches, args.seconds, args.warmup)
                     span = (min(b[4] for b in batches), max(b[5] for b in batches)) if batches else (0, 0)
-                    device = read_intervals(g.db_path, *span) if batches else {}
+                    device = read_intervals(g.db_path, *span, batch_ids) if batches else {}
                     if device.get("seconds"):
                         device["mean_power_w"] = device["energy_j"] / device["seconds"]
                         device["idle_share"] = device["idle_j"] / max(1e-12, device["energy_j"])
