@@ -228,7 +228,9 @@ def build_gateway() -> Gateway:
             spool,
             detect_meters(),
             RecorderOptions(
-                sample_interval_s=settings.METER_INTERVAL_S, idle_power_w=settings.DEVICE_IDLE_POWER_W
+                sample_interval_s=settings.METER_INTERVAL_S,
+                idle_power_w=settings.DEVICE_IDLE_POWER_W,
+                idle_carry_s=settings.DEVICE_IDLE_CARRY_S,
             ),
         )
         hooks.append(recorder.hook_for)

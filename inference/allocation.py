@@ -243,7 +243,9 @@ class IntervalAllocation:
     for each batch, the sum of its request parts equals its batch part; every part
     is >= 0. ``idle_estimate_uj`` is idle power x idle time before clamping to the
     metered energy (kept to spot a wrong idle-power setting); ``idle_uj`` is what was
-    actually charged to idle.
+    actually charged to idle: at most the estimate plus ``idle_owed_in_uj``, idle energy
+    that earlier intervals read too little energy to charge. ``idle_owed_out_uj`` is
+    what this interval could not charge in turn (before any cap the caller applies).
     """
 
     device_id: str
@@ -261,6 +263,8 @@ class IntervalAllocation:
     idle_power_w: float
     batch_parts: tuple[BatchPart, ...]
     request_parts: tuple[RequestPart, ...]
+    idle_owed_in_uj: int = 0
+    idle_owed_out_uj: int = 0
 
     @property
     def duration_ns(self) -> int:
@@ -281,13 +285,20 @@ def allocate_interval(
     end: MeterReading,
     batches: Iterable[BatchRecord],
     idle_power_w: float,
+    idle_owed_uj: int = 0,
 ) -> IntervalAllocation:
     """Divide the energy metered between ``start`` and ``end`` over idle and batches.
 
     * busy time is the measure of the union of the batches clipped to the interval,
       so overlapping batches (several models on one device) do not shrink idle twice;
-    * idle gets ``min(E, round(idle_power_w x idle_time))``; with no batch in the
-      interval idle gets all of E;
+    * idle gets ``min(E, round(idle_power_w x idle_time) + idle_owed_uj)``; with no
+      batch in the interval idle gets all of E. ``idle_owed_uj`` is idle energy that
+      earlier intervals of the device were owed but read too little energy to pay:
+      a counter that updates every 20-100 ms makes each interval read a little early
+      or late, and without it the intervals that read short would give idle less than
+      its due while those that read long gave the excess to their batches, which
+      overcharges requests by the counter's noise (seen on an H200 at low load);
+      what idle could not get here is ``idle_owed_out_uj``;
     * the rest goes to the batches in proportion to their own clipped duration, and
       each batch share to its requests in proportion to work units.
 
@@ -303,6 +314,8 @@ def allocate_interval(
     if energy_uj < 0:
         raise ValueError(f"energy decreased over [{t0}, {t1}]: {start.energy_j} -> {end.energy_j}")
     power = _idle_power(idle_power_w)
+    if idle_owed_uj < 0:
+        raise ValueError(f"idle_owed_uj must be >= 0, got {idle_owed_uj!r}")
 
     seen: set[str] = set()
     active: list[tuple[BatchRecord, int, int]] = []  # (batch, clipped lo, clipped hi)
@@ -318,7 +331,8 @@ def allocate_interval(
     busy_ns = _union_ns((lo, hi) for _, lo, hi in active)
     idle_ns = (t1 - t0) - busy_ns
     idle_estimate_uj = round(power * idle_ns / _NS_PER_UJ_AT_1W)
-    idle_uj = min(energy_uj, idle_estimate_uj) if active else energy_uj
+    idle_claim_uj = idle_estimate_uj + idle_owed_uj
+    idle_uj = min(energy_uj, idle_claim_uj) if active else energy_uj
 
     batch_shares = split_largest_remainder(energy_uj - idle_uj, [hi - lo for _, lo, hi in active])
     batch_parts: list[BatchPart] = []
@@ -353,6 +367,9 @@ def allocate_interval(
         idle_power_w=float(idle_power_w),
         batch_parts=tuple(batch_parts),
         request_parts=tuple(request_parts),
+        idle_owed_in_uj=idle_owed_uj,
+        # A batch-free interval that read more than its estimate pays the debt off.
+        idle_owed_out_uj=max(0, idle_claim_uj - idle_uj),
     )
 
 
@@ -405,10 +422,17 @@ class EnergyAccountant:
     Closed allocations are buffered, in time order, until :meth:`drain`.
     """
 
-    def __init__(self, device_id: str, idle_power_w: float) -> None:
+    def __init__(self, device_id: str, idle_power_w: float, idle_carry_s: float = 1.0) -> None:
         _idle_power(idle_power_w)  # validate early
+        if not (math.isfinite(idle_carry_s) and idle_carry_s >= 0):
+            raise ValueError(f"idle_carry_s must be a finite number >= 0, got {idle_carry_s!r}")
         self._device_id = device_id
         self._idle_power_w = float(idle_power_w)
+        # Idle energy owed by intervals that read short (see allocate_interval), at most
+        # idle power x idle_carry_s: enough for a counter's update lag, while a wrongly
+        # high idle power cannot pile up a debt that starves batches for long. 0: none.
+        self._idle_carry_s = float(idle_carry_s)
+        self._idle_owed_uj = 0
         self._lock = threading.Lock()
         self._last_received: MeterReading | None = None
         self._first_t_ns: int | None = None
@@ -558,11 +582,17 @@ class EnergyAccountant:
             if hold_from is not None and end.t_ns > hold_from:
                 break
             self._held.popleft()
-            self._ready.append(
-                allocate_interval(
-                    self._device_id, self._open_start, end, self._pending.values(), idle_power_w
-                )
+            allocation = allocate_interval(
+                self._device_id,
+                self._open_start,
+                end,
+                self._pending.values(),
+                idle_power_w,
+                self._idle_owed_uj,
             )
+            cap_uj = round(_idle_power(idle_power_w) * Fraction(repr(self._idle_carry_s)) * UJ_PER_J)
+            self._idle_owed_uj = min(allocation.idle_owed_out_uj, cap_uj)
+            self._ready.append(allocation)
             self._open_start = end
             self._retire()
 

@@ -49,15 +49,19 @@ class RecorderOptions:
     flush_interval_s: float = 0.1
     idle_power_w: float | None = None  # declared for every device; None: learned from batch-free intervals
     min_idle_learning_s: float = 0.5
+    # Idle energy owed by intervals that read short is carried up to idle power x this many seconds.
+    idle_carry_s: float = 1.0
 
 
 class DeviceAccount:
-    def __init__(self, meter: Meter, reason: str, declared_idle_w: float | None) -> None:
+    def __init__(
+        self, meter: Meter, reason: str, declared_idle_w: float | None, idle_carry_s: float = 1.0
+    ) -> None:
         self.meter = meter
         self.reason = reason
         self.device_id = meter.device_id
         self.declared_idle_w = declared_idle_w
-        self.accountant = EnergyAccountant(meter.device_id, declared_idle_w or 0.0)
+        self.accountant = EnergyAccountant(meter.device_id, declared_idle_w or 0.0, idle_carry_s)
         self.last_read_ns = 0
         self.read_lock = threading.Lock()  # readings must reach the accountant in time order
         self.learned_idle_w: float | None = None
@@ -96,7 +100,9 @@ class LedgerRecorder:
         self.spool = spool
         self.options = options or RecorderOptions()
         self._wall_offset = wall_ns() - clock_ns()
-        self.devices = [DeviceAccount(m, why, self.options.idle_power_w) for m, why in meters]
+        self.devices = [
+            DeviceAccount(m, why, self.options.idle_power_w, self.options.idle_carry_s) for m, why in meters
+        ]
         # Ids unique across restarts of the same chain: a per-process boot token.
         self._prefix = f"{spool.chain_id[:8]}.{os.urandom(3).hex()}"
         self._request_ids = itertools.count(1)

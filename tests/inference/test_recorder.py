@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -318,3 +319,52 @@ def test_overlapping_batches_of_two_instances_each_get_a_row_with_exactly_their_
             if r["k"] == "idle" and r["interval_id"] == interval["interval_id"]
         )
         assert parts + idle == interval["energy_uj"]
+
+
+class LaggingMeter(FakeMeter):
+    """Constant power, but the counter moves only every 100 ms, like NVML's: a read sees the last update."""
+
+    def _read(self) -> tuple[float, int]:
+        now = self._clock[0]
+        updated = self._t0 + (now - self._t0) // 100_000_000 * 100_000_000
+        return self.power_w * (updated - self._t0) / 1e9, now
+
+
+@pytest.mark.parametrize(("idle_carry_s", "low", "high"), [(1.0, 0.99, 1.01), (0.0, 1.4, 10.0)])
+def test_the_recorder_carries_idle_energy_owed_so_a_lagging_counter_does_not_overcharge_requests(
+    tmp_path: Path, idle_carry_s: float, low: float, high: float
+) -> None:
+    clock = [1_000_000_000]
+    spool = Spool(tmp_path / "spool")
+    meter = LaggingMeter(clock, power_w=50.0)
+    recorder = LedgerRecorder(
+        spool,
+        [(meter, "test")],
+        # Idle declared at the meter's own power: the requests' fair share is 50 W x their busy time.
+        RecorderOptions(
+            sample_interval_s=3600, boundary_min_interval_s=0.05, idle_power_w=50.0, idle_carry_s=idle_carry_s
+        ),
+        clock_ns=lambda: clock[0],
+        wall_ns=lambda: 1_700_000_000_000_000_000,
+    )
+    recorder.start()
+    hook = recorder.hook_for(ModelVersion(load_config(DEMO / "linear"), "1", DEMO / "linear" / "1"))
+    rng = random.Random(5)
+    busy_ns = 0
+    t = clock[0]
+    for _ in range(1000):  # a 1 ms batch about every 10 ms (Poisson), about 10 s; measured: 50.0 J with the
+        # carry, 80.8 J without it, for a fair 50 J
+        t += int(rng.expovariate(100) * 1e9)
+        clock[0] = t
+        batch = [call()]
+        batch[0].enqueued_ns = t
+        run_batch(hook, clock, batch, t, t + 1_000_000)
+        busy_ns += 1_000_000
+        t += 1_000_000
+    # The last reading falls on a counter update, so the intervals meter exactly the time they span.
+    clock[0] = 1_000_000_000 + ((t - 1_000_000_000) // 100_000_000 + 1) * 100_000_000
+    recorder.stop()
+    records = spooled(spool)
+    charged_j = sum(r["energy_uj"] for r in records if r["k"] == "batch_energy") / 1e6
+    fair_j = 50.0 * busy_ns / 1e9
+    assert low * fair_j <= charged_j <= high * fair_j
