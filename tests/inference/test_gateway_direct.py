@@ -541,3 +541,81 @@ def test_a_full_queue_refuses_a_direct_request_with_429_and_retry_after(
         refused.sendall(_request("/v2/models/slow/infer", _slow_body(0.0, "later")))
         assert json.loads(_read_answers(refused, 1)[0][1])["id"] == "later"
     assert gateway.direct == direct_before + 4
+
+
+def test_a_binary_tensor_request_is_served_directly_with_a_binary_answer(
+    served: tuple[str, SpyGateway],
+) -> None:
+    address, gateway = served
+    _warm_key(address)
+    x = np.random.default_rng(21).random((2, 256), dtype=np.float32)
+    header = json.dumps(
+        {
+            "id": "bin",
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [2, 256],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    body = header + x.tobytes()
+    direct_before, asgi_before = gateway.direct, gateway.asgi_infer
+    with _connect(address) as conn:
+        conn.sendall(
+            _request(
+                "/v2/models/linear/infer",
+                body,
+                b"inference-header-content-length: %d" % len(header),
+                b"content-type: application/octet-stream",
+            )
+        )
+        ((head, payload),) = _read_answers(conn, 1)
+    assert (gateway.direct, gateway.asgi_infer) == (direct_before + 1, asgi_before)
+    assert head.startswith(b"HTTP/1.1 200")
+    json_length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"inference-header-content-length:")
+    )
+    doc = json.loads(payload[:json_length])
+    assert doc["id"] == "bin"
+    assert doc["outputs"][0]["parameters"]["binary_data_size"] == 2 * 256 * 4
+    y = np.frombuffer(payload[json_length:], dtype=np.float32).reshape(2, 256)
+    np.testing.assert_allclose(y, linear_reference(x), rtol=1e-5, atol=1e-5)
+
+
+def _success_count(address: str) -> int:
+    with _connect(address) as conn:
+        conn.sendall(
+            b"GET /v2/models/linear/stats HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
+            + KEY.encode()
+            + b"\r\n\r\n"
+        )
+        ((head, payload),) = _read_answers(conn, 1)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    (stats,) = json.loads(payload)["model_stats"]
+    return int(stats["inference_stats"]["success"]["count"])
+
+
+def test_a_client_that_leaves_in_the_middle_of_a_direct_body_leaves_nothing_behind(
+    served: tuple[str, SpyGateway],
+) -> None:
+    address, gateway = served
+    _warm_key(address)
+    body, _ = _linear_body(22, "half")
+    before = _success_count(address)
+    direct_before = gateway.direct
+    with _connect(address) as conn:
+        conn.sendall(_request("/v2/models/linear/infer", body)[: -len(body) // 2])
+        time.sleep(0.1)
+    assert gateway.direct == direct_before + 1  # taken at its headers...
+    time.sleep(0.2)
+    # ...but never run: nothing was counted for it, and the next request is served as usual.
+    assert _success_count(address) == before
+    _warm_key(address)
+    assert _success_count(address) == before + 1
