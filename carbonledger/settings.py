@@ -157,9 +157,10 @@ METER_TRITON_URL = env_str(
 DEVICE_IDLE_POWER_W = (
     env_float("DEVICE_IDLE_POWER_W", 0.0, minimum=0.0) if env_str("DEVICE_IDLE_POWER_W", "") else None
 )
-# Idle energy that intervals reading short (a counter updating every 20-100 ms) could not charge is charged by
-# the following ones, up to idle power x this many seconds (inference/allocation.py); 0: each interval alone.
-DEVICE_IDLE_CARRY_S = env_float("DEVICE_IDLE_CARRY_S", 1.0, minimum=0.0)
+# Idle energy that intervals left uncharged (a counter updating every 20-100 ms reads a little early or late), or
+# charged beyond their estimates, is evened out by the following ones, up to idle power x this many seconds
+# either way (inference/allocation.py); 0: each interval alone.
+DEVICE_IDLE_CARRY_S = env_float("DEVICE_IDLE_CARRY_S", 0.25, minimum=0.0, maximum=60.0)
 # The modelled CPU meter (no NVML or RAPL): watts per core from a declared TDP and core count,
 # plus a memory term. 65 W is a common desktop/server TDP class; 0.375 W/GB is the figure the
 # Green Algorithms calculator uses for memory.

@@ -243,9 +243,10 @@ class IntervalAllocation:
     for each batch, the sum of its request parts equals its batch part; every part
     is >= 0. ``idle_estimate_uj`` is idle power x idle time before clamping to the
     metered energy (kept to spot a wrong idle-power setting); ``idle_uj`` is what was
-    actually charged to idle: at most the estimate plus ``idle_owed_in_uj``, idle energy
-    that earlier intervals read too little energy to charge. ``idle_owed_out_uj`` is
-    what this interval could not charge in turn (before any cap the caller applies).
+    actually charged to idle: at most the estimate plus ``idle_owed_in_uj``, the idle
+    energy earlier intervals left uncharged (negative: charged beyond their estimates).
+    ``idle_owed_out_uj`` is the same balance after this interval (before any cap the
+    caller applies).
     """
 
     device_id: str
@@ -291,14 +292,16 @@ def allocate_interval(
 
     * busy time is the measure of the union of the batches clipped to the interval,
       so overlapping batches (several models on one device) do not shrink idle twice;
-    * idle gets ``min(E, round(idle_power_w x idle_time) + idle_owed_uj)``; with no
-      batch in the interval idle gets all of E. ``idle_owed_uj`` is idle energy that
-      earlier intervals of the device were owed but read too little energy to pay:
-      a counter that updates every 20-100 ms makes each interval read a little early
-      or late, and without it the intervals that read short would give idle less than
-      its due while those that read long gave the excess to their batches, which
-      overcharges requests by the counter's noise (seen on an H200 at low load);
-      what idle could not get here is ``idle_owed_out_uj``;
+    * idle gets ``min(E, max(0, round(idle_power_w x idle_time) + idle_owed_uj))``;
+      with no batch in the interval idle gets all of E. ``idle_owed_uj`` is the device's
+      idle balance from earlier intervals: idle energy they left uncharged (> 0), or
+      charged beyond their estimates (< 0, a batch-free interval that read long). A
+      counter that updates every 20-100 ms makes each interval read a little early or
+      late; taken one interval at a time, idle would lose what the short ones read too
+      little and the batches would get what the long ones read too much, overcharging
+      requests by the counter's noise (seen on an H200 at low load). Carrying the
+      balance both ways lets the next intervals even it out; ``idle_owed_out_uj`` is
+      the balance after this interval;
     * the rest goes to the batches in proportion to their own clipped duration, and
       each batch share to its requests in proportion to work units.
 
@@ -314,8 +317,6 @@ def allocate_interval(
     if energy_uj < 0:
         raise ValueError(f"energy decreased over [{t0}, {t1}]: {start.energy_j} -> {end.energy_j}")
     power = _idle_power(idle_power_w)
-    if idle_owed_uj < 0:
-        raise ValueError(f"idle_owed_uj must be >= 0, got {idle_owed_uj!r}")
 
     seen: set[str] = set()
     active: list[tuple[BatchRecord, int, int]] = []  # (batch, clipped lo, clipped hi)
@@ -332,7 +333,7 @@ def allocate_interval(
     idle_ns = (t1 - t0) - busy_ns
     idle_estimate_uj = round(power * idle_ns / _NS_PER_UJ_AT_1W)
     idle_claim_uj = idle_estimate_uj + idle_owed_uj
-    idle_uj = min(energy_uj, idle_claim_uj) if active else energy_uj
+    idle_uj = min(energy_uj, max(0, idle_claim_uj)) if active else energy_uj
 
     batch_shares = split_largest_remainder(energy_uj - idle_uj, [hi - lo for _, lo, hi in active])
     batch_parts: list[BatchPart] = []
@@ -368,8 +369,7 @@ def allocate_interval(
         batch_parts=tuple(batch_parts),
         request_parts=tuple(request_parts),
         idle_owed_in_uj=idle_owed_uj,
-        # A batch-free interval that read more than its estimate pays the debt off.
-        idle_owed_out_uj=max(0, idle_claim_uj - idle_uj),
+        idle_owed_out_uj=idle_claim_uj - idle_uj,
     )
 
 
@@ -422,15 +422,17 @@ class EnergyAccountant:
     Closed allocations are buffered, in time order, until :meth:`drain`.
     """
 
-    def __init__(self, device_id: str, idle_power_w: float, idle_carry_s: float = 1.0) -> None:
+    def __init__(self, device_id: str, idle_power_w: float, idle_carry_s: float = 0.25) -> None:
         _idle_power(idle_power_w)  # validate early
         if not (math.isfinite(idle_carry_s) and idle_carry_s >= 0):
             raise ValueError(f"idle_carry_s must be a finite number >= 0, got {idle_carry_s!r}")
         self._device_id = device_id
         self._idle_power_w = float(idle_power_w)
-        # Idle energy owed by intervals that read short (see allocate_interval), at most
-        # idle power x idle_carry_s: enough for a counter's update lag, while a wrongly
-        # high idle power cannot pile up a debt that starves batches for long. 0: none.
+        # The idle balance carried between intervals (see allocate_interval), at most the
+        # interval's idle power x idle_carry_s either way when it is used: enough for a
+        # counter's update lag (at most about 100 ms), while an idle power that is off or
+        # has just changed cannot pile up a balance that skews batches for long. 0: each
+        # interval alone, as before the carry existed.
         self._idle_carry_s = float(idle_carry_s)
         self._idle_owed_uj = 0
         self._lock = threading.Lock()
@@ -582,16 +584,16 @@ class EnergyAccountant:
             if hold_from is not None and end.t_ns > hold_from:
                 break
             self._held.popleft()
+            cap_uj = round(_idle_power(idle_power_w) * Fraction(repr(self._idle_carry_s)) * UJ_PER_J)
             allocation = allocate_interval(
                 self._device_id,
                 self._open_start,
                 end,
                 self._pending.values(),
                 idle_power_w,
-                self._idle_owed_uj,
+                max(-cap_uj, min(self._idle_owed_uj, cap_uj)),
             )
-            cap_uj = round(_idle_power(idle_power_w) * Fraction(repr(self._idle_carry_s)) * UJ_PER_J)
-            self._idle_owed_uj = min(allocation.idle_owed_out_uj, cap_uj)
+            self._idle_owed_uj = allocation.idle_owed_out_uj
             self._ready.append(allocation)
             self._open_start = end
             self._retire()

@@ -50,12 +50,12 @@ class RecorderOptions:
     idle_power_w: float | None = None  # declared for every device; None: learned from batch-free intervals
     min_idle_learning_s: float = 0.5
     # Idle energy owed by intervals that read short is carried up to idle power x this many seconds.
-    idle_carry_s: float = 1.0
+    idle_carry_s: float = 0.25
 
 
 class DeviceAccount:
     def __init__(
-        self, meter: Meter, reason: str, declared_idle_w: float | None, idle_carry_s: float = 1.0
+        self, meter: Meter, reason: str, declared_idle_w: float | None, idle_carry_s: float = 0.25
     ) -> None:
         self.meter = meter
         self.reason = reason

@@ -61,6 +61,7 @@ def test_embedded_defaults_need_no_environment() -> None:
         ("CARBON_FORECAST_REFRESH_S", "0", "CARBON_FORECAST_REFRESH_S must be a number >= 1.0, got '0'"),
         ("LEDGER_PREPARE_PROCESS", "maybe", "LEDGER_PREPARE_PROCESS must be true or false"),
         ("DEVICE_IDLE_CARRY_S", "-1", "DEVICE_IDLE_CARRY_S must be a number >= 0.0, got '-1'"),
+        ("DEVICE_IDLE_CARRY_S", "inf", "DEVICE_IDLE_CARRY_S must be a number <= 60.0, got 'inf'"),
     ],
 )
 def test_start_up_stops_on_a_bad_variable_with_its_name(

@@ -440,9 +440,9 @@ def test_every_interval_conserves_energy_exactly_and_telescopes(
     assert sum(a.energy_uj for a in allocs) == last_uj - first_uj
     if allocs:
         assert allocs[0].t0_ns == readings[0][0]
-    # Every interval the accountant closes is the pure function applied to it, with the idle energy the interval
-    # before it still owed, capped at idle power x the default carry of 1 s.
-    cap_uj = round(Fraction(repr(idle_power)) * 1_000_000)
+    # Every interval the accountant closes is the pure function applied to it, with the idle balance the interval
+    # before it left, capped either way at idle power x the default carry of 0.25 s.
+    cap_uj = round(Fraction(repr(idle_power)) * Fraction(1, 4) * 1_000_000)
     owed = 0
     for alloc in allocs:
         assert alloc.idle_owed_in_uj == owed
@@ -455,7 +455,7 @@ def test_every_interval_conserves_energy_exactly_and_telescopes(
             owed,
         )
         assert again == alloc
-        owed = min(alloc.idle_owed_out_uj, cap_uj)
+        owed = max(-cap_uj, min(alloc.idle_owed_out_uj, cap_uj))
 
 
 @settings(max_examples=300, deadline=None)
@@ -602,7 +602,7 @@ def test_concurrent_batches_and_readings_conserve_energy_and_lose_no_batch_time(
         assert received[record.batch_id] == record.end_ns - record.start_ns
 
 
-# -- idle energy owed across intervals ------------------------------------------------------------------------
+# -- the idle balance carried across intervals ----------------------------------------------------------------
 
 
 def test_idle_energy_an_interval_read_too_little_to_pay_is_charged_by_the_next_one() -> None:
@@ -610,7 +610,7 @@ def test_idle_energy_an_interval_read_too_little_to_pay_is_charged_by_the_next_o
     # 10 W for 900 ms of idle is 9 J, but the counter read only 4 J (it had not updated yet)...
     short = allocate_interval("d", MeterReading(0, 0.0), MeterReading(S, 4.0), [batch], 10.0)
     assert (short.idle_uj, short.active_uj, short.idle_owed_out_uj) == (4_000_000, 0, 5_000_000)
-    # ...and the next interval reads the 5 J it missed on top of its own: idle takes its 10 J and the 5 J owed.
+    # ...and the next interval reads the 5 J it missed on top of its own: idle takes its 9 J and the 5 J owed.
     batch2 = BatchRecord("b2", 1100 * MS, 1200 * MS, [("r2", 1)], "m", "1")
     late = allocate_interval("d", MeterReading(S, 4.0), MeterReading(2 * S, 21.0), [batch2], 10.0, 5_000_000)
     assert (late.idle_owed_in_uj, late.idle_uj, late.active_uj, late.idle_owed_out_uj) == (
@@ -622,23 +622,31 @@ def test_idle_energy_an_interval_read_too_little_to_pay_is_charged_by_the_next_o
     _assert_conserved(late)
 
 
-def test_a_batch_free_interval_that_reads_more_than_its_estimate_pays_the_idle_debt_off() -> None:
-    paid = allocate_interval("d", MeterReading(0, 0.0), MeterReading(S, 13.0), [], 10.0, 2_000_000)
-    assert (paid.idle_uj, paid.idle_owed_out_uj) == (13_000_000, 0)
-    partly = allocate_interval("d", MeterReading(0, 0.0), MeterReading(S, 11.0), [], 10.0, 2_000_000)
-    assert (partly.idle_uj, partly.idle_owed_out_uj) == (11_000_000, 1_000_000)
+def test_a_batch_free_interval_that_reads_long_leaves_a_credit_the_next_batches_get_back() -> None:
+    # No batch: idle takes all 13 J against 10 J due, 3 J beyond its estimate...
+    free = allocate_interval("d", MeterReading(0, 0.0), MeterReading(S, 13.0), [], 10.0)
+    assert (free.idle_uj, free.idle_owed_out_uj) == (13_000_000, -3_000_000)
+    # ...so the next interval, which read 3 J short (the counter caught up early), claims 3 J less for idle
+    # and its batch gets its 1 J (100 ms busy at 10 W) rather than nothing.
+    batch = BatchRecord("b", 1100 * MS, 1200 * MS, [("r", 1)], "m", "1")
+    after = allocate_interval(
+        "d", MeterReading(S, 13.0), MeterReading(2 * S, 20.0), [batch], 10.0, -3_000_000
+    )
+    assert (after.idle_uj, after.active_uj, after.idle_owed_out_uj) == (6_000_000, 1_000_000, 0)
+    # A credit larger than the estimate leaves idle nothing, never less.
+    big = allocate_interval("d", MeterReading(S, 13.0), MeterReading(2 * S, 20.0), [batch], 10.0, -50_000_000)
+    assert (big.idle_uj, big.active_uj, big.idle_owed_out_uj) == (0, 7_000_000, -41_000_000)
+    _assert_conserved(big)
 
 
-def test_a_negative_idle_debt_or_carry_is_refused() -> None:
-    with pytest.raises(ValueError, match="idle_owed_uj must be >= 0"):
-        allocate_interval("d", MeterReading(0, 0.0), MeterReading(S, 1.0), [], 1.0, -1)
+def test_a_wrong_idle_carry_is_refused() -> None:
     with pytest.raises(ValueError, match="idle_carry_s must be a finite number >= 0"):
         EnergyAccountant("d", 1.0, idle_carry_s=-0.5)
     with pytest.raises(ValueError, match="idle_carry_s must be a finite number >= 0"):
         EnergyAccountant("d", 1.0, idle_carry_s=float("inf"))
 
 
-def test_the_idle_debt_carried_is_capped_at_idle_power_times_the_carry_seconds() -> None:
+def test_the_idle_balance_used_is_capped_either_way_at_the_intervals_idle_power_times_the_carry() -> None:
     acct = EnergyAccountant("d", 10.0, idle_carry_s=0.5)
     acct.add_batch(BatchRecord("b", 0, 3 * S, [("r", 1)], "m", "1"))
     acct.add_reading(0, 0.0)
@@ -646,52 +654,74 @@ def test_the_idle_debt_carried_is_capped_at_idle_power_times_the_carry_seconds()
     acct.add_reading(S, 0.5)
     acct.add_batch(BatchRecord("b2", 3 * S + 100 * MS, 3 * S + 200 * MS, [("r2", 1)], "m", "1"))
     acct.add_reading(3 * S, 1.0)
-    acct.add_reading(4 * S, 1.5)  # 900 ms idle at 10 W is 9 J; 0.5 J read: 8.5 J owed, capped at 5 J
-    acct.add_reading(5 * S, 100.0)
-    first, second, third, fourth = acct.drain()
+    acct.add_reading(4 * S, 1.5)  # 900 ms idle at 10 W is 9 J; 0.5 J read: 8.5 J owed, used up to 5 J
+    acct.add_reading(5 * S, 100.0)  # batch-free: idle takes all 98.5 J against 10 J + 5 J owed
+    acct.add_batch(BatchRecord("b3", 5 * S + 100 * MS, 5 * S + 200 * MS, [("r3", 1)], "m", "1"))
+    acct.add_reading(6 * S, 110.0)
+    first, second, third, fourth, fifth = acct.drain()
     assert (first.idle_owed_out_uj, second.idle_owed_out_uj) == (0, 0)
     assert (third.idle_uj, third.idle_owed_out_uj) == (500_000, 8_500_000)
-    assert fourth.idle_owed_in_uj == 5_000_000
-    assert fourth.idle_uj == 98_500_000  # batch-free: idle takes all, 10 J due + 5 J owed paid
+    assert (fourth.idle_owed_in_uj, fourth.idle_uj, fourth.idle_owed_out_uj) == (
+        5_000_000,
+        98_500_000,
+        -83_500_000,
+    )
+    # The 83.5 J credit is used up to 5 J: idle claims 9 J - 5 J, the batch gets 10 J - 4 J.
+    assert (fifth.idle_owed_in_uj, fifth.idle_uj, fifth.active_uj) == (-5_000_000, 4_000_000, 6_000_000)
 
 
-def _lagging_counter_run(idle_carry_s: float, update_s: float, seed: int) -> tuple[float, float]:
-    """A device that draws a flat 120 W (plus noise), busy or not, whose counter updates every ``update_s``,
-    read as the recorder reads it: at batch boundaries at most every 50 ms and on a 1 s timer. A batch of 1 ms
-    arrives about every 10 ms for 20 s. Returns (joules charged to batches, 120 W x busy time): with idle
-    charged at 120 W, the batches' fair share is their busy time at that power."""
+def test_a_balance_owed_under_an_earlier_idle_power_is_not_claimed_once_the_power_is_zero() -> None:
+    acct = EnergyAccountant("d", 10.0, idle_carry_s=1.0)
+    acct.add_reading(0, 0.0)
+    acct.add_batch(BatchRecord("b", 100 * MS, 200 * MS, [("r", 1)], "m", "1"))
+    acct.add_reading(S, 1.0)  # 9 J due, 1 J read: 8 J owed
+    acct.set_idle_power_w(0.0)
+    acct.add_batch(BatchRecord("b2", 1100 * MS, 1200 * MS, [("r2", 1)], "m", "1"))
+    acct.add_reading(2 * S, 20.0)
+    first, second = acct.drain()
+    assert first.idle_owed_out_uj == 8_000_000
+    assert (second.idle_owed_in_uj, second.idle_uj, second.active_uj) == (0, 0, 19_000_000)
+
+
+def _lagging_counter_run(idle_carry_s: float, update_s: float, rate: float, seed: int) -> tuple[float, float]:
+    """A device that draws a flat 120 W, busy or not, whose counter updates every ``update_s``,
+    read as the recorder reads it: at a batch's end at most every 50 ms and on a 1 s timer. 1 ms batches
+    arrive at ``rate`` a second (Poisson) for 20 s. The first and last readings fall on counter updates, so
+    the intervals together meter exactly the time they span. Returns (joules charged to batches, 120 W x
+    busy time): with idle charged at 120 W, the batches' fair share is their busy time at that power. (Noise in
+    the power itself would go to the batches, by the rule, not to idle: it is left out to test the lag alone.)"""
     rng = random.Random(seed)
     watts = 120.0
-    steps = [0.0]
-    for _ in range(int(25 / update_s) + 2):
-        steps.append(steps[-1] + (watts + rng.gauss(0, 5)) * update_s)
+    step_ns = int(update_s * S)
+    energy_at_update = [0.0]  # the counter's value from update k (at k x step_ns) to the next
+    for _ in range(int(25 * S / step_ns) + 2):
+        energy_at_update.append(energy_at_update[-1] + watts * update_s)
 
     def counter(t_ns: int) -> float:
-        return steps[int(t_ns / (update_s * S))]
+        return energy_at_update[t_ns // step_ns]
 
     acct = EnergyAccountant("gpu", watts, idle_carry_s=idle_carry_s)
-    acct.add_reading(0, 0.0)
+    acct.add_reading(0, counter(0))
     t = last_read = busy_ns = 0
-    next_timer = S
+    next_timer = S + int(rng.uniform(0, update_s) * S)  # the timer runs out of phase with the counter
     for i in itertools.count():
         if t >= 20 * S:
             break
-        t += int(rng.expovariate(100) * S)
-        if t >= next_timer:
+        t += int(rng.expovariate(rate) * S)
+        while t >= next_timer:
             if next_timer > last_read:
                 acct.add_reading(next_timer, counter(next_timer))
                 last_read = next_timer
             next_timer += S
         acct.begin_batch(f"b{i}", t)
-        if t - last_read >= 50 * MS:
-            acct.add_reading(t, counter(t))
-            last_read = t
         acct.add_batch(BatchRecord(f"b{i}", t, t + MS, [(f"r{i}", 1)], "m", "1"))
         busy_ns += MS
         t += MS
         if t - last_read >= 50 * MS:
             acct.add_reading(t, counter(t))
             last_read = t
+    last = (t // step_ns + 1) * step_ns
+    acct.add_reading(last, counter(last))
     allocs = acct.drain()
     for alloc in allocs:
         _assert_conserved(alloc)
@@ -699,13 +729,19 @@ def _lagging_counter_run(idle_carry_s: float, update_s: float, seed: int) -> tup
 
 
 @pytest.mark.parametrize("update_s", [0.02, 0.1])
-def test_a_counter_that_updates_late_does_not_overcharge_requests_when_idle_debt_is_carried(
-    update_s: float,
+@pytest.mark.parametrize("rate", [100, 20, 5, 2])
+def test_with_the_idle_balance_carried_requests_get_their_share_to_within_one_counter_update(
+    update_s: float, rate: float
 ) -> None:
+    # The batches' total is their busy time at the device's power, give or take the energy of one counter
+    # update (the lag of the last reading that still owes them), whatever the rate. At low rates that is
+    # most of a 20 s window's share, and the shares come in lumps: a batch whose interval read short gets
+    # nothing, a later one what was owed.
+    one_update_j = 120.0 * update_s
     for seed in range(3):
-        charged_j, fair_j = _lagging_counter_run(1.0, update_s, seed)
-        assert charged_j == pytest.approx(fair_j, rel=0.05)
+        charged_j, fair_j = _lagging_counter_run(0.25, update_s, rate, seed)
+        assert abs(charged_j - fair_j) <= one_update_j
         # Each interval on its own gives idle less than its due where the counter read early and the batches
-        # the excess where it read late: measured here at 1.35-1.7 times their fair share.
-        alone_j, _ = _lagging_counter_run(0.0, update_s, seed)
-        assert alone_j > 1.25 * fair_j
+        # the excess where it read late: many updates' worth over the window.
+        alone_j, _ = _lagging_counter_run(0.0, update_s, rate, seed)
+        assert alone_j - fair_j > 3 * one_update_j

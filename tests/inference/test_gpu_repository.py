@@ -6,6 +6,7 @@ the weights it ships are checked against the demo's, so a GPU benchmark compares
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import numpy as np
@@ -62,3 +63,17 @@ def test_the_operations_the_gpu_digits_model_runs_give_onnxruntimes_answers() ->
     want_p, want_label = ort.InferenceSession(str(path)).run(None, {"input": x})
     np.testing.assert_allclose(probabilities, want_p, atol=1e-5)
     assert (labels.reshape(-1, 1) == want_label).all()
+
+
+def test_the_gpu_digits_model_accepts_exactly_the_operators_of_the_shipped_graph() -> None:
+    # model.py imports torch, which is not installed here: read its EXPECTED_OPS from the source.
+    source = (GPU / "digits" / "1" / "model.py").read_text()
+    (node,) = [
+        n
+        for n in ast.parse(source).body
+        if isinstance(n, ast.Assign)
+        and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["EXPECTED_OPS"]
+    ]
+    expected = ast.literal_eval(node.value)
+    graph = onnx.load(str(GPU / "digits" / "1" / "weights.onnx")).graph
+    assert expected == [n.op_type for n in graph.node]
