@@ -36,8 +36,9 @@ class RecordKind:
     fields: tuple[str, ...]  # chained fields, in canonical order (column names)
     # The fields that identify a record, the first of them indexed: a replayed duplicate is found by them.
     natural_key: tuple[str, ...]
-    # Trailing fields added after records were first written: left out of the canonical form while empty,
-    # so that every record written before them hashes exactly as it did.
+    # Trailing fields added after records were first written: left out of the canonical form while empty
+    # ("" for text, 0 for numbers: what records written before them mean), so that every record written
+    # before them hashes exactly as it did.
     optional_tail: tuple[str, ...] = ()
     # Text columns that hold a compact JSON array: a spool record may carry the list itself.
     json_fields: tuple[str, ...] = ()
@@ -146,8 +147,18 @@ KINDS: dict[str, RecordKind] = {
         RecordKind(
             "idle",
             LedgerIdle,
-            ("interval_id", "device_id", "t0_ns", "t1_ns", "energy_uj", "idle_ns", "idle_power_w"),
+            (
+                "interval_id",
+                "device_id",
+                "t0_ns",
+                "t1_ns",
+                "energy_uj",
+                "idle_ns",
+                "idle_power_w",
+                "owed_in_uj",
+            ),
             ("interval_id",),
+            ("owed_in_uj",),
         ),
         RecordKind(
             "energy",
@@ -175,12 +186,13 @@ CHAIN_COLUMNS = ("chain_id", "seq", "prev_hash", "hash")
 
 
 _OPTIONAL_TAIL = {k.kind: len(k.optional_tail) for k in KINDS.values() if k.optional_tail}
+_EMPTY = ("", 0)
 
 
 def canonical(kind: str, seq: int, values: tuple[Any, ...] | list[Any]) -> bytes:
     end = len(values)
     optional = _OPTIONAL_TAIL.get(kind, 0)
-    while optional and end and values[end - 1] == "":
+    while optional and end and values[end - 1] in _EMPTY:
         end -= 1
         optional -= 1
     return orjson.dumps((kind, seq, *values[:end]))
@@ -193,6 +205,14 @@ def link_hash(prev_hash: str, kind: str, seq: int, values: tuple[Any, ...] | lis
 def json_text(value: Any) -> str:
     """A JSON-array column's text: as given when already text, else the compact JSON of the list."""
     return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def _has_plain_default(field: Any, optional_tail: bool) -> bool:
+    """Records may leave out a text field with a text default, and an integer field of the optional tail
+    with an integer default (records written before it existed)."""
+    if isinstance(field, models.CharField | models.TextField):
+        return isinstance(field.default, str)
+    return optional_tail and isinstance(field, models.IntegerField) and type(field.default) is int
 
 
 def _compile(kind: RecordKind) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
@@ -218,7 +238,7 @@ def _compile(kind: RecordKind) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
             expr = f"r.get({name!r}, False)"
         elif isinstance(field, models.FloatField):
             expr = f"float(r[{name!r}])"
-        elif isinstance(field, models.CharField | models.TextField) and isinstance(field.default, str):
+        elif _has_plain_default(field, name in kind.optional_tail):
             env[f"default_{pos}"] = field.default
             expr = f"r.get({name!r}, default_{pos})"
         else:

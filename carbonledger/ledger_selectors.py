@@ -184,6 +184,9 @@ def ledger_page(kind: str, flt: LedgerFilter) -> tuple[list[dict[str, Any]], tup
                 )
             else:
                 item["idle_power_w"] = r.idle_power_w
+                # The idle balance carried in from earlier intervals (inference/allocation.py): with it, the
+                # line's energy can be recomputed from the interval's rows.
+                item["owed_in_j"] = r.owed_in_uj / 1e6
             out.append(item)
         keys = [(r.t0_ns, r.pk) for r in rows]
     else:

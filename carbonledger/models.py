@@ -284,6 +284,12 @@ class LedgerIdle(ChainedRecord):
     energy_uj = models.BigIntegerField()
     idle_ns = models.BigIntegerField()
     idle_power_w = models.FloatField()
+    owed_in_uj = models.BigIntegerField(
+        default=0,
+        help_text="idle balance carried in from the device's earlier intervals (negative: charged beyond their "
+        "estimates); with batches in the interval, energy_uj = min(interval energy, max(0, "
+        "round(idle_power_w x idle_ns) + owed_in_uj))",
+    )
 
     class Meta:
         db_table = "ledger_idle"

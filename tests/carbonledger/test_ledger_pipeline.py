@@ -18,7 +18,7 @@ from django.db import connection
 from carbonledger.ledger import KINDS, canonical, link_hash, normalize
 from carbonledger.ledger_verify import verify_all
 from carbonledger.ledger_writer import LedgerWriter, append_records, prepare_chunk
-from carbonledger.models import LedgerBatchEnergy, LedgerChain, LedgerRequest
+from carbonledger.models import LedgerBatchEnergy, LedgerChain, LedgerIdle, LedgerRequest
 from inference.spool import Spool, SpoolPosition
 from tests.factories import OrganizationFactory
 from tests.support.ledger import batch_energy_record, lines_for_batch
@@ -233,6 +233,39 @@ def test_canonical_leaves_out_only_an_empty_optional_tail() -> None:
     )
     assert canonical("batch", 3, values) == b'["batch",3,"c.b","m","1","d",0,1,2,1,1,"ok"]'
     assert canonical("batch", 3, (*values[:-1], "int8")).endswith(b',"ok","int8"]')
+
+
+_IDLE = {
+    "k": "idle",
+    "interval_id": "c.i1",
+    "device_id": "d",
+    "t0_ns": 0,
+    "t1_ns": 10,
+    "energy_uj": 7,
+    "idle_ns": 9,
+    "idle_power_w": 0.5,
+}
+
+
+def test_an_idle_line_without_a_carried_balance_hashes_as_idle_lines_did_before_it_existed() -> None:
+    values = normalize(KINDS["idle"], _IDLE)
+    assert values[-1] == 0
+    assert canonical("idle", 4, values) == b'["idle",4,"c.i1","d",0,10,7,9,0.5]'
+    carried = normalize(KINDS["idle"], {**_IDLE, "owed_in_uj": -3})
+    assert canonical("idle", 4, carried) == b'["idle",4,"c.i1","d",0,10,7,9,0.5,-3]'
+
+
+def test_an_idle_line_with_a_carried_balance_is_stored_and_verifies() -> None:
+    append_records(
+        "idle", [{**_IDLE, "owed_in_uj": 2_500}, {**_IDLE, "interval_id": "c.i2", "owed_in_uj": 0}]
+    )
+    assert sorted(LedgerIdle.objects.values_list("interval_id", "owed_in_uj")) == [
+        ("c.i1", 2_500),
+        ("c.i2", 0),
+    ]
+    assert [r.broken for r in verify_all()] == [None]
+    LedgerIdle.objects.filter(interval_id="c.i1").update(owed_in_uj=0)  # tampered: the chain says so
+    assert [r.broken for r in verify_all()] != [None]
 
 
 def test_a_preparer_process_that_dies_is_replaced_by_preparing_here(

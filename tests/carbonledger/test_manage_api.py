@@ -398,7 +398,7 @@ def test_batches_intervals_and_idle_are_the_organization_s_own_devices(orgs: tup
     intervals = _client(a.key).get(f"{API}/ledger/intervals", {"limit": "2"}).json()["results"]
     assert set(intervals[0]) >= {"method", "counter_start_j", "counter_end_j", "idle_energy_j", "busy_s"}
     idle = _client(a.key).get(f"{API}/ledger/idle", {"limit": "2"}).json()["results"]
-    assert "idle_power_w" in idle[0] and "method" not in idle[0]
+    assert {"idle_power_w", "owed_in_j"} <= set(idle[0]) and "method" not in idle[0]
 
 
 # -- the ledger: keyset pagination ------------------------------------------------------------------

@@ -6,6 +6,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -368,3 +369,20 @@ def test_the_recorder_carries_idle_energy_owed_so_a_lagging_counter_does_not_ove
     charged_j = sum(r["energy_uj"] for r in records if r["k"] == "batch_energy") / 1e6
     fair_j = 50.0 * busy_ns / 1e9
     assert low * fair_j <= charged_j <= high * fair_j
+    # Each idle line can be recomputed from the rows: its interval's energy and busy time, its idle power and
+    # the balance it carried in, which is what the interval before it left (capped at the carry).
+    intervals = {r["interval_id"]: r for r in records if r["k"] == "interval"}
+    cap_uj = round(50 * idle_carry_s * 1e6)
+    left = 0
+    idle_lines = [r for r in records if r["k"] == "idle"]
+    assert len(idle_lines) > 100
+    for idle in idle_lines:
+        interval = intervals[idle["interval_id"]]
+        estimate = round(Fraction(repr(idle["idle_power_w"])) * idle["idle_ns"] / 1000)
+        assert idle["owed_in_uj"] == max(-cap_uj, min(left, cap_uj))
+        claim = estimate + idle["owed_in_uj"]
+        if interval["busy_ns"]:
+            assert idle["energy_uj"] == min(interval["energy_uj"], max(0, claim))
+        else:
+            assert idle["energy_uj"] == interval["energy_uj"]
+        left = claim - idle["energy_uj"]
