@@ -322,6 +322,7 @@ class LedgerRecorder:
                     "energy_uj": a.idle_uj,
                     "idle_ns": a.idle_ns,
                     "idle_power_w": a.idle_power_w,
+                    "owed_in_uj": a.idle_owed_in_uj,
                 }
             ),
         ]
