@@ -593,7 +593,10 @@ class EnergyAccountant:
                 idle_power_w,
                 max(-cap_uj, min(self._idle_owed_uj, cap_uj)),
             )
-            self._idle_owed_uj = allocation.idle_owed_out_uj
+            # Clamped when kept too: a balance left while the idle power was 0 (the recorder learns it from
+            # batch-free intervals, which at 0 W leave all they read as credit) must not reach the first
+            # batch once a power is learned.
+            self._idle_owed_uj = max(-cap_uj, min(allocation.idle_owed_out_uj, cap_uj))
             self._ready.append(allocation)
             self._open_start = end
             self._retire()

@@ -49,7 +49,8 @@ class RecorderOptions:
     flush_interval_s: float = 0.1
     idle_power_w: float | None = None  # declared for every device; None: learned from batch-free intervals
     min_idle_learning_s: float = 0.5
-    # Idle energy owed by intervals that read short is carried up to idle power x this many seconds.
+    # The idle balance intervals leave (uncharged idle energy, or idle charged beyond its estimate) is carried
+    # to the next ones up to idle power x this many seconds either way (inference/allocation.py).
     idle_carry_s: float = 0.25
 
 

@@ -17,7 +17,7 @@ class Migration(migrations.Migration):
                 default=0,
                 help_text="idle balance carried in from the device's earlier intervals (negative: charged beyond "
                 "their estimates); with batches in the interval, energy_uj = min(interval energy, max(0, "
-                "round(idle_power_w x idle_ns) + owed_in_uj))",
+                "round(idle_power_w x idle_ns / 1000) + owed_in_uj)) in µJ",
             ),
         ),
     ]

@@ -683,10 +683,29 @@ def test_a_balance_owed_under_an_earlier_idle_power_is_not_claimed_once_the_powe
     assert (second.idle_owed_in_uj, second.idle_uj, second.active_uj) == (0, 0, 19_000_000)
 
 
-def _lagging_counter_run(idle_carry_s: float, update_s: float, rate: float, seed: int) -> tuple[float, float]:
+def test_a_credit_left_while_the_idle_power_was_still_zero_does_not_reach_the_first_batch() -> None:
+    # The recorder starts a device at 0 W and learns its idle power from batch-free intervals; at 0 W such an
+    # interval charged all it read beyond an estimate of 0, and that must not come back as a credit.
+    acct = EnergyAccountant("gpu", 0.0, idle_carry_s=0.25)
+    acct.add_reading(0, 0.0)
+    acct.add_reading(S, 120.0)
+    acct.set_idle_power_w(120.0)
+    acct.add_batch(BatchRecord("b", S + 500 * MS, S + 501 * MS, [("r", 1)], "m", "1"))
+    acct.add_reading(2 * S, 240.0)
+    learning, first_batch = acct.drain()
+    assert learning.idle_owed_out_uj == -120_000_000  # reported as it was...
+    assert (first_batch.idle_owed_in_uj, first_batch.active_uj) == (
+        0,
+        120_000,
+    )  # ...but not kept: 1 ms at 120 W
+
+
+def _lagging_counter_run(
+    idle_carry_s: float, update_s: float, rate: float, seed: int, seconds: float = 20.0
+) -> tuple[float, float]:
     """A device that draws a flat 120 W, busy or not, whose counter updates every ``update_s``,
     read as the recorder reads it: at a batch's end at most every 50 ms and on a 1 s timer. 1 ms batches
-    arrive at ``rate`` a second (Poisson) for 20 s. The first and last readings fall on counter updates, so
+    arrive at ``rate`` a second (Poisson) for ``seconds``. The first and last readings fall on counter updates, so
     the intervals together meter exactly the time they span. Returns (joules charged to batches, 120 W x
     busy time): with idle charged at 120 W, the batches' fair share is their busy time at that power. (Noise in
     the power itself would go to the batches, by the rule, not to idle: it is left out to test the lag alone.)"""
@@ -694,7 +713,7 @@ def _lagging_counter_run(idle_carry_s: float, update_s: float, rate: float, seed
     watts = 120.0
     step_ns = int(update_s * S)
     energy_at_update = [0.0]  # the counter's value from update k (at k x step_ns) to the next
-    for _ in range(int(25 * S / step_ns) + 2):
+    for _ in range(int((seconds + 5) * S / step_ns) + 2):
         energy_at_update.append(energy_at_update[-1] + watts * update_s)
 
     def counter(t_ns: int) -> float:
@@ -705,7 +724,7 @@ def _lagging_counter_run(idle_carry_s: float, update_s: float, rate: float, seed
     t = last_read = busy_ns = 0
     next_timer = S + int(rng.uniform(0, update_s) * S)  # the timer runs out of phase with the counter
     for i in itertools.count():
-        if t >= 20 * S:
+        if t >= seconds * S:
             break
         t += int(rng.expovariate(rate) * S)
         while t >= next_timer:
@@ -734,14 +753,16 @@ def test_with_the_idle_balance_carried_requests_get_their_share_to_within_one_co
     update_s: float, rate: float
 ) -> None:
     # The batches' total is their busy time at the device's power, give or take the energy of one counter
-    # update (the lag of the last reading that still owes them), whatever the rate. At low rates that is
-    # most of a 20 s window's share, and the shares come in lumps: a batch whose interval read short gets
-    # nothing, a later one what was owed.
+    # update (what the balance still holds at the end, and what its cap let go), whatever the rate. The window
+    # holds about 400 batches, so that their share (about 48 J) is well above one update (2.4 or 12 J). Shares
+    # come in lumps at low rates: a batch whose interval read short gets nothing, a later one what was owed.
     one_update_j = 120.0 * update_s
+    seconds = max(20.0, 400 / rate)
     for seed in range(3):
-        charged_j, fair_j = _lagging_counter_run(0.25, update_s, rate, seed)
+        charged_j, fair_j = _lagging_counter_run(0.25, update_s, rate, seed, seconds)
+        assert fair_j > 3 * one_update_j
         assert abs(charged_j - fair_j) <= one_update_j
         # Each interval on its own gives idle less than its due where the counter read early and the batches
         # the excess where it read late: many updates' worth over the window.
-        alone_j, _ = _lagging_counter_run(0.0, update_s, rate, seed)
+        alone_j, _ = _lagging_counter_run(0.0, update_s, rate, seed, seconds)
         assert alone_j - fair_j > 3 * one_update_j

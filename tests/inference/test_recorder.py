@@ -376,6 +376,7 @@ def test_the_recorder_carries_idle_energy_owed_so_a_lagging_counter_does_not_ove
     left = 0
     idle_lines = [r for r in records if r["k"] == "idle"]
     assert len(idle_lines) > 100
+    assert any(line["owed_in_uj"] for line in idle_lines) == (idle_carry_s > 0)
     for idle in idle_lines:
         interval = intervals[idle["interval_id"]]
         estimate = round(Fraction(repr(idle["idle_power_w"])) * idle["idle_ns"] / 1000)
