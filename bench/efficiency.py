@@ -609,14 +609,14 @@ def read_ledger(db_path: Path, ledger_ids: list[str]) -> dict[str, tuple[str, st
     return out
 
 
-def read_batches(db_path: Path, batch_ids: list[str]) -> list[tuple[str, int, int, str, int, int]]:
+def read_batches(db_path: Path, batch_ids: list[str]) -> list[tuple[str, int, int, str, int, int, str]]:
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10)
     try:
         rows = []
         for chunk in _chunks(batch_ids):
             marks = ",".join("?" * len(chunk))
             rows += con.execute(
-                f"SELECT batch_id, rows, requests, variant, start_ns, end_ns FROM ledger_batch "
+                f"SELECT batch_id, rows, requests, variant, start_ns, end_ns, device_id FROM ledger_batch "
                 f"WHERE batch_id IN ({marks})",
                 chunk,
             ).fetchall()
@@ -625,21 +625,12 @@ def read_batches(db_path: Path, batch_ids: list[str]) -> list[tuple[str, int, in
         con.close()
 
 
-def read_intervals(db_path: Path, t0_ns: int, t1_ns: int, batch_ids: list[str]) -> dict[str, Any]:
-    """The closed intervals, within [t0_ns, t1_ns], of the device the cell's batches ran on: energy, idle
-    part, duration. A gateway with a GPU model meters the host's CPU too, as a second device; its
+def read_intervals(db_path: Path, t0_ns: int, t1_ns: int, devices: set[str]) -> dict[str, Any]:
+    """The closed intervals, within [t0_ns, t1_ns], of ``devices`` (those the cell's batches ran on): energy,
+    idle part, duration. A gateway with a GPU model meters the host's CPU too, as a second device; its
     intervals are not the cell's."""
     con = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10)
     try:
-        devices: set[str] = set()
-        for chunk in _chunks(batch_ids):
-            marks = ",".join("?" * len(chunk))
-            devices.update(
-                d
-                for (d,) in con.execute(
-                    f"SELECT DISTINCT device_id FROM ledger_batch WHERE batch_id IN ({marks})", chunk
-                )
-            )
         on = f"device_id IN ({','.join('?' * len(devices))})"
         ordered = sorted(devices)
         n, energy, idle, dur, busy = con.execute(
@@ -702,7 +693,7 @@ def pct(values: list[float], q: float) -> float | None:
 def summarize_cell(
     samples: list[Sample],
     ledger: dict[str, tuple[str, str, int, bool]],
-    batches: list[tuple[str, int, int, str, int, int]],
+    batches: list[tuple[str, int, int, str, int, int, str]],
     seconds: float,
     warmup_s: float,
     chunks: int = 5,
@@ -1224,7 +1215,7 @@ def run(args: argparse.Namespace) -> int:
                     batches = read_batches(g.db_path, batch_ids)
                     summary = summarize_cell(samples, ledger, batches, args.seconds, args.warmup)
                     span = (min(b[4] for b in batches), max(b[5] for b in batches)) if batches else (0, 0)
-                    device = read_intervals(g.db_path, *span, batch_ids) if batches else {}
+                    device = read_intervals(g.db_path, *span, {b[6] for b in batches}) if batches else {}
                     if device.get("seconds"):
                         device["mean_power_w"] = device["energy_j"] / device["seconds"]
                         device["idle_share"] = device["idle_j"] / max(1e-12, device["energy_j"])
