@@ -433,7 +433,7 @@ class EnergyAccountant:
         # counter's update lag (at most about 100 ms), while an idle power that is off or
         # has just changed cannot pile up a balance that skews batches for long. 0: each
         # interval alone, as before the carry existed.
-        self._idle_carry_s = float(idle_carry_s)
+        self._idle_carry_s = _exact(idle_carry_s, "idle_carry_s")
         self._idle_owed_uj = 0
         self._lock = threading.Lock()
         self._last_received: MeterReading | None = None
@@ -584,7 +584,7 @@ class EnergyAccountant:
             if hold_from is not None and end.t_ns > hold_from:
                 break
             self._held.popleft()
-            cap_uj = round(_idle_power(idle_power_w) * Fraction(repr(self._idle_carry_s)) * UJ_PER_J)
+            cap_uj = round(_idle_power(idle_power_w) * self._idle_carry_s * UJ_PER_J)
             allocation = allocate_interval(
                 self._device_id,
                 self._open_start,
