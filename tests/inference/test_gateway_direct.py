@@ -87,6 +87,13 @@ def _request(path: str, body: bytes, *extra: bytes, key: str | None = KEY) -> by
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
+def _int_header(head: bytes, name: bytes) -> int:
+    """The integer value of header ``name`` (lower case) in a response's header block."""
+    return next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(name + b":")
+    )
+
+
 def _read_answers(conn: socket.socket, count: int, timeout_s: float = 10.0) -> list[tuple[bytes, bytes]]:
     """``count`` responses off the connection, each as (header block, body)."""
     data = b""
@@ -95,11 +102,7 @@ def _read_answers(conn: socket.socket, count: int, timeout_s: float = 10.0) -> l
     while len(answers) < count:
         if b"\r\n\r\n" in data:
             head, _, rest = data.partition(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":", 1)[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
+            length = _int_header(head, b"content-length")
             if len(rest) >= length:
                 answers.append((head, rest[:length]))
                 data = rest[length:]
@@ -577,11 +580,7 @@ def test_a_binary_tensor_request_is_served_directly_with_a_binary_answer(
         ((head, payload),) = _read_answers(conn, 1)
     assert (gateway.direct, gateway.asgi_infer) == (direct_before + 1, asgi_before)
     assert head.startswith(b"HTTP/1.1 200")
-    json_length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"inference-header-content-length:")
-    )
+    json_length = _int_header(head, b"inference-header-content-length")
     doc = json.loads(payload[:json_length])
     assert doc["id"] == "bin"
     assert doc["outputs"][0]["parameters"]["binary_data_size"] == 2 * 256 * 4
