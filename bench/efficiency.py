@@ -1165,8 +1165,8 @@ def run(args: argparse.Namespace) -> int:
                 )
                 if top > 0.85 * cap["answered_per_s"]:
                     log(f"  WARNING: {top:g}/s is above 85 % of the probed capacity: the queue may grow")
-        # Let every gateway learn its idle power from batch-free intervals (the recorder keeps an average of
-        # them, 0.8 old + 0.2 new): the first ones after start-up or the probe still carry their CPU.
+        # Let every gateway learn its idle power from batch-free intervals (the recorder keeps the median of the
+        # last 9): the first ones after start-up or the probe still carry their CPU.
         if args.settle > 0:
             log(f"settling {args.settle:g} s so the gateways learn their idle power")
             time.sleep(args.settle)

@@ -387,3 +387,41 @@ def test_the_recorder_carries_idle_energy_owed_so_a_lagging_counter_does_not_ove
         else:
             assert idle["energy_uj"] == interval["energy_uj"]
         left = claim - idle["energy_uj"]
+
+
+class SteppedMeter(FakeMeter):
+    """A counter that adds ``power_w`` x the time since its last reading: the test changes the power as it goes."""
+
+    def _start(self) -> None:
+        self._last = self._clock[0]
+        self._energy_j = 0.0
+
+    def _read(self) -> tuple[float, int]:
+        now = self._clock[0]
+        self._energy_j += self.power_w * (now - self._last) / 1e9
+        self._last = now
+        return self._energy_j, now
+
+
+def test_the_learned_idle_power_does_not_carry_the_start_up_interval_for_long(tmp_path: Path) -> None:
+    clock = [1_000_000_000]
+    spool = Spool(tmp_path / "spool")
+    meter = SteppedMeter(clock, power_w=5.0)  # start-up: loading models and the rest
+    recorder = LedgerRecorder(
+        spool, [(meter, "test")], RecorderOptions(sample_interval_s=3600), clock_ns=lambda: clock[0]
+    )
+    recorder.start()
+    (dev,) = recorder.devices
+    learned = []
+    for power_w in (5.0, 0.2, 0.2, 0.2, 0.3, 0.2):
+        meter.power_w = power_w
+        clock[0] += 1_000_000_000
+        recorder._read(dev)
+        recorder._flush()
+        learned.append(dev.learned_idle_w)
+    recorder.stop()
+    spool.close()
+    # The median of the batch-free intervals so far: two quiet seconds outvote the start-up one. An average of
+    # 0.8 old + 0.2 new was still at 2.6 W after three quiet seconds.
+    assert learned == pytest.approx([5.0, 2.6, 0.2, 0.2, 0.2, 0.2])
+    assert dev.accountant.idle_power_w == pytest.approx(0.2)
