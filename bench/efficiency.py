@@ -37,7 +37,10 @@ What it does:
 5. writes ``bench/results/efficiency-<UTC>.json`` (``-quick`` for ``--quick``), prints a markdown table and
    the issue's verdict: at low load, knob 1 (and 0.5) at least 30 % fewer joules per inference than knob 0
    with the client-side p99 inside the objective; at high load, no loss (joules per inference not above knob
-   0's by more than the noise, p99 inside the objective).
+   0's by more than the noise, p99 inside the objective). With ``--rounds N`` every (model, rate) runs its
+   knobs N times, the order reversing each round, and the verdict compares the means of the N cells (their
+   standard error from the spread between cells, the worst cell's p99): on a shared 2-core machine one
+   20 s cell's figure moves by about 20 % from one cell to the next (bench/README.md, 4 December evening).
 
 CPU contention: each cell records the CPU of every gateway's process tree (its ledger drainer included), of
 this client process and of everything else on the machine (``other_cpu_cores``); a cell where others used
@@ -797,10 +800,15 @@ def markdown_table(cells: list[dict[str, Any]]) -> str:
         "| int8 share | accuracy | other CPU |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    base = {(c["model"], c["level"]): c["summary"]["j_per_inference"] for c in cells if c["knob"] == 0}
+    # Each cell against knob 0's cell of the same round (the verdict compares the rounds' means).
+    base = {
+        (c["model"], c["level"], c.get("round", 0)): c["summary"]["j_per_inference"]
+        for c in cells
+        if c["knob"] == 0
+    }
     for c in cells:
         s = c["summary"]
-        j0 = base.get((c["model"], c["level"]))
+        j0 = base.get((c["model"], c["level"], c.get("round", 0)))
         j = s["j_per_inference"]
         rel = "" if c["knob"] == 0 or not j0 or j is None else f"{(j / j0 - 1) * 100:+.0f} %"
         served = s["variants_served"]
@@ -843,38 +851,77 @@ def markdown_table(cells: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _mean_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present and len(present) == len(values) else None
+
+
+def pooled(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """One knob's figures over its rounds (``--rounds``): the mean of the cells' joules per inference (each
+    cell weighs the same: the noise measured on this machine is between cells, not between requests), its
+    standard error from the spread between cells (from the cell's own chunks when there is one cell), the
+    worst cell's p99 (every round must be inside the objective) and the mean device figures."""
+    js = [c["summary"]["j_per_inference"] for c in cells]
+    p99s = [c["summary"]["p99_ms"] for c in cells]
+    if any(j is None for j in js):
+        j = se = None
+    elif len(js) == 1:
+        j, se = js[0], cells[0]["summary"]["j_per_inference_se"]
+    else:
+        j, se = statistics.fmean(js), statistics.stdev(js) / math.sqrt(len(js))
+    dev = [c["device"].get("j_per_inference_incl_idle") for c in cells]
+    idle = [(c["device"].get("idle_power_w_min_max") or [None])[-1] for c in cells]
+    return {
+        "cells": len(cells),
+        "j_per_inference": j,
+        "j_per_inference_se": se,
+        "j_per_inference_cells": js,
+        "p99_ms": None if any(p is None for p in p99s) else max(p99s),
+        "disturbed": any(c.get("disturbed") for c in cells),
+        "device_j_per_inference_incl_idle": _mean_or_none(dev),
+        "idle_power_w": _mean_or_none(idle),
+    }
+
+
 def verdict(cells: list[dict[str, Any]], min_noise: float) -> list[dict[str, Any]]:
     """The issue's targets per model: low load >= 30 % fewer J/inference than knob 0, p99 inside the
-    objective; high load no loss (J/inference at most knob 0's + noise), p99 inside the objective."""
+    objective; high load no loss (J/inference at most knob 0's + noise), p99 inside the objective. With
+    several rounds, each knob's cells are pooled first (:func:`pooled`)."""
     out = []
-    index = {(c["model"], c["level"], c["knob"]): c for c in cells}
+    groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+    for c in cells:
+        groups.setdefault((c["model"], c["level"], c["knob"]), []).append(c)
     for model in dict.fromkeys(c["model"] for c in cells):
         for level in ("low", "high"):
-            base = index.get((model, level, 0.0))
-            if base is None:
+            if (model, level, 0.0) not in groups:
                 continue
+            base = pooled(groups[(model, level, 0.0)])
             for knob in sorted({c["knob"] for c in cells if c["model"] == model and c["knob"] > 0}):
-                c = index.get((model, level, knob))
-                if c is None:
+                group = groups.get((model, level, knob))
+                if group is None:
                     continue
-                s, s0 = c["summary"], base["summary"]
-                j, j0 = s["j_per_inference"], s0["j_per_inference"]
-                p99_ok = s["p99_ms"] is not None and s["p99_ms"] <= c["slo_ms"]
+                s = pooled(group)
+                first = group[0]
+                j, j0 = s["j_per_inference"], base["j_per_inference"]
+                p99_ok = s["p99_ms"] is not None and s["p99_ms"] <= first["slo_ms"]
                 row: dict[str, Any] = {
                     "model": model,
                     "level": level,
                     "knob": knob,
-                    "rate": c["rate"],
+                    "rate": first["rate"],
+                    "rounds": s["cells"],
                     "j_per_inference": j,
                     "j_per_inference_knob0": j0,
+                    "j_per_inference_cells": s["j_per_inference_cells"],
+                    "j_per_inference_knob0_cells": base["j_per_inference_cells"],
                     "p99_ms": s["p99_ms"],
-                    "slo_ms": c["slo_ms"],
+                    "slo_ms": first["slo_ms"],
                     "p99_inside_objective": p99_ok,
-                    "disturbed": bool(c.get("disturbed") or base.get("disturbed")),
-                    "device_j_per_inference_incl_idle": c["device"].get("j_per_inference_incl_idle"),
-                    "device_j_per_inference_incl_idle_knob0": base["device"].get("j_per_inference_incl_idle"),
-                    "idle_power_w": (c["device"].get("idle_power_w_min_max") or [None])[-1],
-                    "idle_power_w_knob0": (base["device"].get("idle_power_w_min_max") or [None])[-1],
+                    "disturbed": s["disturbed"] or base["disturbed"],
+                    "device_j_per_inference_incl_idle": s["device_j_per_inference_incl_idle"],
+                    "device_j_per_inference_incl_idle_knob0": base["device_j_per_inference_incl_idle"],
+                    "idle_power_w": s["idle_power_w"],
+                    "idle_power_w_knob0": base["idle_power_w"],
                 }
                 if j is None or not j0:
                     row.update(met=False, why="no energy in the ledger for one of the two cells")
@@ -885,8 +932,13 @@ def verdict(cells: list[dict[str, Any]], min_noise: float) -> list[dict[str, Any
                         target=f">= {TARGET_SAVING:.0%} fewer J/inference, p99 <= SLO",
                         met=saving >= TARGET_SAVING and p99_ok,
                     )
+                    ses = [x for x in (s["j_per_inference_se"], base["j_per_inference_se"]) if x is not None]
+                    if s["cells"] > 1 and base["cells"] > 1 and len(ses) == 2:
+                        # The ratio's standard error to first order: relative errors add in quadrature.
+                        rel = math.sqrt((ses[0] / j) ** 2 + (ses[1] / j0) ** 2) if j else 0.0
+                        row["saving_se"] = (j / j0) * rel
                 else:
-                    ses = [x for x in (s["j_per_inference_se"], s0["j_per_inference_se"]) if x is not None]
+                    ses = [x for x in (s["j_per_inference_se"], base["j_per_inference_se"]) if x is not None]
                     noise = max(min_noise, 2.0 * math.sqrt(sum(x * x for x in ses)) / j0 if ses else 0.0)
                     row.update(
                         change=j / j0 - 1.0,
@@ -906,7 +958,9 @@ def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
         if "saving" in r:
             what = (
                 f"{r['j_per_inference'] * 1000:.3f} vs {r['j_per_inference_knob0'] * 1000:.3f} mJ/inference "
-                f"({r['saving'] * 100:+.1f} % saved; target >= 30 %), {p99}"
+                f"({r['saving'] * 100:+.1f} %"
+                + (f" ± {r['saving_se'] * 100:.1f}" if "saving_se" in r else "")
+                + f" saved; target >= 30 %), {p99}"
             )
         elif "change" in r:
             what = (
@@ -915,6 +969,8 @@ def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
             )
         else:
             what = r.get("why", "")
+        if r.get("rounds", 1) > 1:
+            what += f", means of {r['rounds']} rounds"
         flag = " (disturbed run)" if r["disturbed"] else ""
         dj, dj0 = r.get("device_j_per_inference_incl_idle"), r.get("device_j_per_inference_incl_idle_knob0")
         if dj and dj0:
@@ -1008,6 +1064,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--quiet-wait", type=float, default=None, help="max s to wait for quiet (default 3; quick 0)"
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="cells per model, rate and knob, the knob order rotating each round; the verdict pools them (1)",
+    )
     p.add_argument("--seed", type=int, default=1, help="arrival seed (each cell derives its own)")
     p.add_argument(
         "--env",
@@ -1050,6 +1112,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--knobs: comma list of numbers, got {args.knobs!r}")
     if not args.knob_list or any(not 0 <= k <= 1 for k in args.knob_list) or 0.0 not in args.knob_list:
         p.error("--knobs: values in [0, 1], including 0 (the baseline)")
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     args.seconds = args.seconds or (3.0 if args.quick else 20.0)
     args.warmup = args.warmup if args.warmup is not None else (2.0 if args.quick else 5.0)
     if args.settle is None:
@@ -1174,90 +1238,95 @@ def run(args: argparse.Namespace) -> int:
         for model in args.model_list:
             rates = args.rate_map[model]
             for li, (level, rate) in enumerate(zip(level_names(len(rates)), rates, strict=True)):
-                order = list(args.knob_list)
-                # Rotate the knob order from one rate to the next (0, 0.5, 1 / 1, 0.5, 0 / ...).
-                if li % 2 == 1:
-                    order.reverse()
-                for knob in order:
-                    g = by_knob[knob]
-                    cell_no += 1
-                    if not g.server.alive():
-                        failures.append(f"{g.server.name} is down (see {g.server.log_path})")
-                        log(f"  {g.server.name} died; last lines:\n{tail(g.server.log_path, 10)}")
-                        continue
-                    quiet = (
-                        wait_quiet(args.quiet_wait, args.disturbed_cores, gateways)
-                        if args.quiet_wait > 0
-                        else {}
-                    )
-                    seed = args.seed * 1000 + cell_no
-                    # The client's cyclic garbage collector stalled its event loop for tens of milliseconds
-                    # while bursts of answers arrived (send lag p99 50-70 ms at 1,200-1,500 req/s, with the
-                    # client at 0.3 core), which counted as the server's latency: off during the cell.
-                    gc.collect()
-                    gc.disable()
-                    with CpuWatch(gateways) as cpu:
-                        samples, metrics, measured_wall_ns = asyncio.run(
-                            drive(
-                                g,
-                                workloads[model],
-                                rate,
-                                args.warmup,
-                                args.seconds,
-                                seed,
-                                args.request_timeout,
-                            )
+                for rnd in range(args.rounds):
+                    order = list(args.knob_list)
+                    # Rotate the knob order from one rate, and one round, to the next (0, 0.5, 1 / 1, 0.5, 0 / ...).
+                    if (li + rnd) % 2 == 1:
+                        order.reverse()
+                    for knob in order:
+                        g = by_knob[knob]
+                        cell_no += 1
+                        if not g.server.alive():
+                            failures.append(f"{g.server.name} is down (see {g.server.log_path})")
+                            log(f"  {g.server.name} died; last lines:\n{tail(g.server.log_path, 10)}")
+                            continue
+                        quiet = (
+                            wait_quiet(args.quiet_wait, args.disturbed_cores, gateways)
+                            if args.quiet_wait > 0
+                            else {}
                         )
-                    gc.enable()
-                    ids = [s.ledger_id for s in samples if s.measured and s.status == 200 and s.ledger_id]
-                    ledger, waited = wait_for_ledger(g.db_path, ids, args.ledger_timeout)
-                    batch_ids = sorted({row[0] for row in ledger.values()})
-                    batches = read_batches(g.db_path, batch_ids)
-                    summary = summarize_cell(samples, ledger, batches, args.seconds, args.warmup)
-                    span = (min(b[4] for b in batches), max(b[5] for b in batches)) if batches else (0, 0)
-                    device = read_intervals(g.db_path, *span, {b[6] for b in batches}) if batches else {}
-                    if device.get("seconds"):
-                        device["mean_power_w"] = device["energy_j"] / device["seconds"]
-                        device["idle_share"] = device["idle_j"] / max(1e-12, device["energy_j"])
-                        if summary["achieved_rate"]:
-                            device["j_per_inference_incl_idle"] = (
-                                device["mean_power_w"] / summary["achieved_rate"]
+                        seed = args.seed * 1000 + cell_no
+                        # The client's cyclic garbage collector stalled its event loop for tens of milliseconds
+                        # while bursts of answers arrived (send lag p99 50-70 ms at 1,200-1,500 req/s, with the
+                        # client at 0.3 core), which counted as the server's latency: off during the cell.
+                        gc.collect()
+                        gc.disable()
+                        with CpuWatch(gateways) as cpu:
+                            samples, metrics, measured_wall_ns = asyncio.run(
+                                drive(
+                                    g,
+                                    workloads[model],
+                                    rate,
+                                    args.warmup,
+                                    args.seconds,
+                                    seed,
+                                    args.request_timeout,
+                                )
                             )
-                    cell = {
-                        "model": model,
-                        "level": level,
-                        "rate": rate,
-                        "knob": knob,
-                        "gateway": g.label,
-                        "slo_ms": args.slo_map[model],
-                        "seed": seed,
-                        "measured_from_utc": datetime.fromtimestamp(measured_wall_ns / 1e9, UTC).isoformat(),
-                        "ledger_wait_s": round(waited, 2),
-                        "summary": summary,
-                        "device": device,
-                        "cpu": cpu.as_dict(),
-                        **quiet,
-                        "planner": planner_summary(metrics),
-                        "planner_metrics": metrics,
-                    }
-                    cell["disturbed"] = cell["cpu"]["other_cpu_cores"] > args.disturbed_cores
-                    cells.append(cell)
-                    s = summary
-                    if not s["answered"]:
-                        failures.append(f"{model} {level} knob {knob:g}: no answers")
-                    elif s["energy_final"] < s["answered"]:
-                        failures.append(
-                            f"{model} {level} knob {knob:g}: final energy for {s['energy_final']} of "
-                            f"{s['answered']} requests after {waited:.0f} s"
+                        gc.enable()
+                        ids = [s.ledger_id for s in samples if s.measured and s.status == 200 and s.ledger_id]
+                        ledger, waited = wait_for_ledger(g.db_path, ids, args.ledger_timeout)
+                        batch_ids = sorted({row[0] for row in ledger.values()})
+                        batches = read_batches(g.db_path, batch_ids)
+                        summary = summarize_cell(samples, ledger, batches, args.seconds, args.warmup)
+                        span = (min(b[4] for b in batches), max(b[5] for b in batches)) if batches else (0, 0)
+                        device = read_intervals(g.db_path, *span, {b[6] for b in batches}) if batches else {}
+                        if device.get("seconds"):
+                            device["mean_power_w"] = device["energy_j"] / device["seconds"]
+                            device["idle_share"] = device["idle_j"] / max(1e-12, device["energy_j"])
+                            if summary["achieved_rate"]:
+                                device["j_per_inference_incl_idle"] = (
+                                    device["mean_power_w"] / summary["achieved_rate"]
+                                )
+                        cell = {
+                            "model": model,
+                            "level": level,
+                            "rate": rate,
+                            "knob": knob,
+                            "round": rnd,
+                            "gateway": g.label,
+                            "slo_ms": args.slo_map[model],
+                            "seed": seed,
+                            "measured_from_utc": datetime.fromtimestamp(
+                                measured_wall_ns / 1e9, UTC
+                            ).isoformat(),
+                            "ledger_wait_s": round(waited, 2),
+                            "summary": summary,
+                            "device": device,
+                            "cpu": cpu.as_dict(),
+                            **quiet,
+                            "planner": planner_summary(metrics),
+                            "planner_metrics": metrics,
+                        }
+                        cell["disturbed"] = cell["cpu"]["other_cpu_cores"] > args.disturbed_cores
+                        cells.append(cell)
+                        s = summary
+                        if not s["answered"]:
+                            failures.append(f"{model} {level} knob {knob:g}: no answers")
+                        elif s["energy_final"] < s["answered"]:
+                            failures.append(
+                                f"{model} {level} knob {knob:g}: final energy for {s['energy_final']} of "
+                                f"{s['answered']} requests after {waited:.0f} s"
+                            )
+                        log(
+                            f"  {model} {level} {rate:g}/s knob {knob:g}"
+                            f"{f' round {rnd + 1}' if args.rounds > 1 else ''}: {s['achieved_rate']:.0f}/s, "
+                            f"{_f(None if s['j_per_inference'] is None else s['j_per_inference'] * 1000, 3)} "
+                            f"mJ/inf, p50 {_f(s['p50_ms'])} ms p99 {_f(s['p99_ms'])} ms, batch "
+                            f"{_f(s['mean_batch_rows'])}, target {cell['planner'].get('batch_target_rows_median', '-')}, "
+                            f"errors {s['errors']}, other CPU {cell['cpu']['other_cpu_cores']:.2f}"
+                            f"{' DISTURBED' if cell['disturbed'] else ''}"
                         )
-                    log(
-                        f"  {model} {level} {rate:g}/s knob {knob:g}: {s['achieved_rate']:.0f}/s, "
-                        f"{_f(None if s['j_per_inference'] is None else s['j_per_inference'] * 1000, 3)} "
-                        f"mJ/inf, p50 {_f(s['p50_ms'])} ms p99 {_f(s['p99_ms'])} ms, batch "
-                        f"{_f(s['mean_batch_rows'])}, target {cell['planner'].get('batch_target_rows_median', '-')}, "
-                        f"errors {s['errors']}, other CPU {cell['cpu']['other_cpu_cores']:.2f}"
-                        f"{' DISTURBED' if cell['disturbed'] else ''}"
-                    )
     except BaseException:
         print(f"efficiency: logs and databases kept in {work}", file=sys.stderr)
         raise
@@ -1280,6 +1349,7 @@ def run(args: argparse.Namespace) -> int:
             "slo_ms": {m: args.slo_map[m] for m in args.model_list},
             "knobs": args.knob_list,
             "seconds": args.seconds,
+            "rounds": args.rounds,
             "warmup_s": args.warmup,
             "meter_interval_s": args.meter_interval,
             "adaptive_delay": args.adaptive_delay,
