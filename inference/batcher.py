@@ -523,7 +523,7 @@ class DynamicBatcher:
             timing = BatchTiming(start, end, t_in, t_infer, t_out)
             if self.planner is not None and error is None:  # a failure's timing says nothing of the cost
                 self.planner.batch_done(
-                    sum(p.rows for p in batch), end - start, [end - p.enqueued_ns for p in batch]
+                    sum(p.rows for p in batch), end - start, [end - p.enqueued_ns for p in batch], end
                 )
             for hook in self._hooks:
                 try:

@@ -524,7 +524,7 @@ class Gateway:
         planner = mv.batcher.planner if mv.batcher is not None else None
         if planner is not None:
             now = time.monotonic_ns()
-            planner.response_done(now - received, now - pending.done_ns if pending.done_ns else 0)
+            planner.response_done(now - received, now - pending.done_ns if pending.done_ns else 0, now)
 
     # -- served directly by the HTTP protocol ---------------------------------------------
 
