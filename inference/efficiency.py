@@ -14,8 +14,8 @@ planner here trades latency for energy on purpose, within the user's latency obj
   that minimises joules per inference ``e(b) / b`` among the sizes the expected arrivals can fill in
   time, where the time allowed is ``energy_efficiency`` x the headroom of the objective
   (``latency_slo - t(b)``), scaled by a safety factor that shrinks whenever the observed p99 exceeds
-  the objective and grows back slowly while it is comfortably inside and the objective's error budget
-  (the 1 % of responses a p99 allows to be late) was not spent over the last few seconds;
+  the objective and grows back slowly while it is comfortably inside and under half of the objective's
+  error budget (the 1 % of responses a p99 allows to be late) was spent over the last few seconds;
 * when waiting would save under ``MIN_SAVING`` of the energy per inference, it does not wait.
 
 ``energy_efficiency`` 0 leaves the batcher exactly as Triton's: the batcher does not consult the
@@ -154,7 +154,6 @@ class EfficiencyPlanner:
         self._from_responses = False  # set once the server reports response latencies (response_done)
         self._after_batch: deque[int] = deque(maxlen=LATENCY_WINDOW)
         self._since_adjust = 0
-        self._fresh = 0  # latencies in the window since it was last cleared
         self._unseen_cached = 0  # _unseen_ns() as of the last adjustment: counting misses must not sort
         # The error budget: (bucket start, responses, late ones) for the last BUDGET_HORIZON_NS.
         self._budget: deque[list[int]] = deque()
@@ -221,30 +220,39 @@ class EfficiencyPlanner:
 
     def _observe(self, latencies_ns: list[int] | tuple[int, ...], now_ns: int) -> None:
         self._latencies.extend(latencies_ns)
-        self._fresh += len(latencies_ns)
         self._since_adjust += len(latencies_ns)
         late_after = self.settings.latency_slo_ns - self._unseen_cached
         late = sum(1 for x in latencies_ns if x > late_after)
         budget = self._budget
-        bucket_ns = BUDGET_HORIZON_NS // BUDGET_BUCKETS
-        if not budget or now_ns - budget[-1][0] >= bucket_ns:
-            budget.append([now_ns, 0, 0])
-            while budget and now_ns - budget[0][0] >= BUDGET_HORIZON_NS:
-                budget.popleft()
+        start = now_ns - now_ns % (BUDGET_HORIZON_NS // BUDGET_BUCKETS)
+        if not budget or budget[-1][0] != start:
+            self._prune(start)
+            budget.append([start, 0, 0])
         budget[-1][1] += len(latencies_ns)
         budget[-1][2] += late
         if self._since_adjust >= 32 and len(self._latencies) >= 32:
             self._since_adjust = 0
             self._adjust_safety()
 
+    def _prune(self, now_ns: int) -> None:
+        """Drop the buckets that began BUDGET_HORIZON_NS or more before ``now_ns``, or after it (a clock that
+        went back must not freeze the window)."""
+        budget = self._budget
+        while budget and (now_ns - budget[0][0] >= BUDGET_HORIZON_NS or budget[0][0] > now_ns):
+            budget.popleft()
+        while budget and budget[-1][0] > now_ns:
+            budget.pop()
+
     def _late_share(self) -> float:
         """The share of the responses of the last BUDGET_HORIZON_NS that missed the objective."""
         total = sum(b[1] for b in self._budget)
         return sum(b[2] for b in self._budget) / total if total else 0.0
 
-    @property
-    def late_share(self) -> float:
+    def late_share(self, now_ns: int) -> float:
+        """The share of the responses of the BUDGET_HORIZON_NS before ``now_ns`` that missed the objective
+        (0 when there were none: an idle model has nothing late)."""
         with self._lock:
+            self._prune(now_ns)
             return self._late_share()
 
     def batch_energy(self, rows: int, energy_j: float) -> None:
@@ -262,10 +270,9 @@ class EfficiencyPlanner:
             # Judge the next step on latencies served after this one: the misses still in the window would
             # otherwise shrink the wait again and again (measured: down to the floor after a single spike).
             self._latencies.clear()
-            self._fresh = 0
         elif (
             p99 < COMFORTABLE * slo
-            and self._fresh >= MIN_TAIL_SAMPLES
+            and len(self._latencies) >= MIN_TAIL_SAMPLES  # the window restarts at each miss
             and self._late_share() <= GROW_BELOW_SHARE
         ):
             self.safety = min(SAFETY_MAX, self.safety * SAFETY_UP)
@@ -372,14 +379,14 @@ _METRICS = (
     ("carbonledger_latency_p99_seconds", "the p99 latency over the planner's recent window"),
     (
         "carbonledger_latency_late_share",
-        "the share of the responses of the 5 s up to the last one that missed the objective (a p99 allows 0.01)",
+        "the share of the last 5 s of responses that missed the objective (a p99 allows 0.01)",
     ),
     ("carbonledger_batch_planner_state", "1 for the planner's current state (the label)"),
 )
 
 
-def prometheus_lines(entries: list[tuple[str, str, EfficiencyPlanner]]) -> list[str]:
-    """The planners' state in Prometheus text format, one series per (model, version)."""
+def prometheus_lines(entries: list[tuple[str, str, EfficiencyPlanner]], now_ns: int) -> list[str]:
+    """The planners' state at ``now_ns`` in Prometheus text format, one series per (model, version)."""
     if not entries:
         return []
     lines: list[str] = []
@@ -401,7 +408,7 @@ def prometheus_lines(entries: list[tuple[str, str, EfficiencyPlanner]]) -> list[
                     "carbonledger_latency_safety": round(planner.safety, 4),
                     "carbonledger_arrival_rows_per_second": round(planner.rate_rows_per_s, 3),
                     "carbonledger_latency_p99_seconds": (p99 or 0) / 1e9,
-                    "carbonledger_latency_late_share": round(planner.late_share, 5),
+                    "carbonledger_latency_late_share": round(planner.late_share(now_ns), 5),
                 },
             )
         )

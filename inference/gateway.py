@@ -401,7 +401,7 @@ class Gateway:
             if mv.batcher is not None and mv.batcher.planner is not None
         ]
         policies = [(mv.spec.name, mv.variant_policy) for mv in versions if mv.variant_policy is not None]
-        extra = efficiency_prometheus_lines(planners) + variant_prometheus_lines(
+        extra = efficiency_prometheus_lines(planners, time.monotonic_ns()) + variant_prometheus_lines(
             self.repository.grid, policies
         )
         return prometheus_text(entries, extra)

@@ -388,9 +388,10 @@ def test_under_repeated_stalls_the_error_budget_keeps_the_p99_inside_the_objecti
     assert budgeted.p99_ms(skip) <= 25.0
     assert budgeted.j_per_inference < 0.85 * triton.j_per_inference  # still saves, if less
     assert batcher.planner is not None and batcher.planner.safety < 0.5
-    # The same stalls with growth allowed whatever the late share (as before the budget): each stall
-    # met the safety factor back at its ceiling, and the p99 went over the objective.
+    # The same stalls with growth allowed whatever the late share and on any 32 latencies (as before the
+    # budget): each stall met the safety factor back at its ceiling, and the p99 went over the objective.
     monkeypatch.setattr(efficiency, "GROW_BELOW_SHARE", 1.0)
+    monkeypatch.setattr(efficiency, "MIN_TAIL_SAMPLES", 0)
     unbudgeted, _ = simulate(policy(1.0), trace, stalls=stalls)
     assert unbudgeted.p99_ms(skip) > 25.0
 
@@ -404,16 +405,16 @@ def test_a_spent_error_budget_holds_the_safety_factor_until_the_late_answers_age
         for _ in range(31):
             planner.response_done(5 * MS, 0, t)
     held = planner.safety
-    assert planner.late_share > efficiency.BUDGET_SHARE
+    assert planner.late_share(now + S) > efficiency.BUDGET_SHARE
     for i in range(80):  # two comfortable seconds, 640 answers a second: the late ones still count
         for _ in range(16):
             planner.response_done(5 * MS, 0, now + S + i * 25 * MS)
-    assert planner.late_share > efficiency.GROW_BELOW_SHARE
+    assert planner.late_share(now + 3 * S) > efficiency.GROW_BELOW_SHARE
     assert planner.safety == held
     for i in range(80):  # past the horizon the late answers no longer count: the factor grows again
         for _ in range(16):
             planner.response_done(5 * MS, 0, now + 6500 * MS + i * 25 * MS)
-    assert planner.late_share == 0.0
+    assert planner.late_share(now + 8500 * MS) == 0.0
     assert planner.safety > held
 
 
@@ -430,6 +431,22 @@ def test_the_safety_factor_does_not_grow_on_too_few_latencies_to_show_a_tail() -
     for _ in range(64):
         planner.response_done(5 * MS, 0, later)
     assert planner.safety > shrunk
+
+
+def test_metrics_show_the_late_share_of_the_last_five_seconds() -> None:
+    now = 20 * S
+    planner = _learnt_planner(now)
+    for i in range(200):  # one answer in 50 late: 2 %
+        planner.response_done(40 * MS if i % 50 == 0 else 5 * MS, 0, now + i * MS)
+
+    def late_share(at: int) -> float:
+        line = next(x for x in efficiency.prometheus_lines([("m", "1", planner)], at) if "late_share{" in x)
+        return float(line.rsplit(" ", 1)[1])
+
+    assert late_share(now + S) == pytest.approx(0.02)
+    assert late_share(now + 6 * S) == 0.0  # nothing answered for five seconds: nothing late
+    planner.response_done(5 * MS, 0, now - 10 * S)  # a clock that went back starts a fresh window
+    assert late_share(now - 10 * S) == 0.0
 
 
 def test_a_planner_that_has_seen_nothing_leaves_triton_s_rules_in_charge() -> None:
