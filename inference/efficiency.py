@@ -14,7 +14,7 @@ planner here trades latency for energy on purpose, within the user's latency obj
   that minimises joules per inference ``e(b) / b`` among the sizes the expected arrivals can fill in
   time, where the time allowed is ``energy_efficiency`` x the headroom of the objective
   (``latency_slo - t(b)``), scaled by a safety factor that shrinks whenever the observed p99 exceeds
-  the objective and grows back slowly while it is comfortably inside and under half of the objective's
+  the objective and grows back slowly while it is comfortably inside and at most half of the objective's
   error budget (the 1 % of responses a p99 allows to be late) was spent over the last few seconds;
 * when waiting would save under ``MIN_SAVING`` of the energy per inference, it does not wait.
 
@@ -47,10 +47,10 @@ COMFORTABLE = 0.8  # p99 below this share of the objective lets the safety facto
 # A p99 judged on fewer latencies is their maximum or near it, blind to the 1 % tail: no growth on less.
 MIN_TAIL_SAMPLES = 100
 # The error budget: a p99 objective lets 1 % of responses be late. The safety factor may grow only while
-# under half of that was late over the last BUDGET_HORIZON_NS. Without it, stalls of the host every second or
-# two (measured: a slow round of bench/efficiency.py, and bursts of CPU from another process) met a factor
-# back at its ceiling each time, because 32 comfortable answers at 1,500 req/s take 20 ms: the factor fell
-# from 0.9 to 0.2 and was back within a second, five times in one 20 s cell, and the client p99 was 68 ms.
+# at most half of that was late over the last BUDGET_HORIZON_NS. Without it, stalls of the host every second
+# or two met a factor back at its ceiling each time, because 32 comfortable answers at 1,500 req/s take 20 ms:
+# in a slow round of bench/efficiency.py the factor fell from 0.9 to 0.2 and was back within a second, five
+# times in one 20 s cell (client p99 37.8 of 25 ms); under bench/disturb.py one cell's client p99 was 68 ms.
 BUDGET_SHARE = 0.01
 GROW_BELOW_SHARE = 0.5 * BUDGET_SHARE
 BUDGET_HORIZON_NS = 5_000_000_000
