@@ -32,7 +32,8 @@ What it does:
    inference = the sum of those requests' energy / their number, the batches that served them
    (``ledger_batch``: rows per batch, variant), and the device's intervals over the same span
    (``ledger_interval``: mean power, idle share). During the cell it samples the planner's ``/metrics``
-   lines (``carbonledger_batch_target_rows``, ``_target_wait_seconds``, ``carbonledger_latency_safety``,
+   lines (``carbonledger_batch_target_rows``, ``_target_wait_seconds``, ``_expected_rows``,
+   ``carbonledger_latency_safety``,
    ``carbonledger_arrival_rows_per_second``, ``carbonledger_latency_p99_seconds``,
    ``carbonledger_latency_late_share``) every second;
 5. writes ``bench/results/efficiency-<UTC>.json`` (``-quick`` for ``--quick``), prints a markdown table and
@@ -112,6 +113,7 @@ PLANNER_METRICS = (
     "carbonledger_latency_slo_seconds",
     "carbonledger_batch_target_rows",
     "carbonledger_batch_target_wait_seconds",
+    "carbonledger_batch_expected_rows",
     "carbonledger_latency_safety",
     "carbonledger_arrival_rows_per_second",
     "carbonledger_latency_p99_seconds",
@@ -777,6 +779,7 @@ def planner_summary(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     for key in (
         "batch_target_rows",
         "batch_target_wait_seconds",
+        "batch_expected_rows",
         "latency_safety",
         "arrival_rows_per_second",
         "latency_late_share",
@@ -799,7 +802,7 @@ def _f(v: float | None, digits: int = 2) -> str:
 def markdown_table(cells: list[dict[str, Any]]) -> str:
     out = [
         "| model | load | rate req/s (achieved) | knob | mJ/inference (ledger) | vs knob 0 | device mJ/inf incl. idle "
-        "| idle W learned | p50 ms | p99 ms | SLO ms | mean batch | planner target rows | errors "
+        "| idle W learned | p50 ms | p99 ms | SLO ms | mean batch | planner expected rows | errors "
         "| int8 share | accuracy | other CPU |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -823,7 +826,9 @@ def markdown_table(cells: list[dict[str, Any]]) -> str:
             else (f"{s['accuracy'] * 100:.2f} %" if c["model"] == "digits" else f"{s['mismatches']} wrong")
         )
         flag = " (disturbed)" if c.get("disturbed") else ""
-        target = c["planner"].get("batch_target_rows_median")
+        # The rows the planner expects by its wait (the table's column before the planner filled batches to
+        # the deadline held its target, which is now the most a batch may take).
+        target = c["planner"].get("batch_expected_rows_median", c["planner"].get("batch_target_rows_median"))
         dev_j = c["device"].get("j_per_inference_incl_idle")
         idle_w = (c["device"].get("idle_power_w_min_max") or [None])[-1]
         out.append(
@@ -886,6 +891,22 @@ def pooled(cells: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def paired_savings(cells: list[dict[str, Any]], base: list[dict[str, Any]]) -> list[float]:
+    """Each round's saving against knob 0's cell of the same round, for the rounds whose two cells ran at the
+    same time (``--concurrent``): their spread is the noise left once the host's drift, shared by both, cancels.
+    Empty when the cells ran one after the other."""
+    by_round = {c["round"]: c for c in base if c.get("concurrent_with")}
+    out = []
+    for c in cells:
+        b = by_round.get(c["round"])
+        if b is None or b["gateway"] not in c.get("concurrent_with", []):
+            continue
+        j, j0 = c["summary"]["j_per_inference"], b["summary"]["j_per_inference"]
+        if j is not None and j0:
+            out.append(1.0 - j / j0)
+    return out
+
+
 def verdict(cells: list[dict[str, Any]], min_noise: float) -> list[dict[str, Any]]:
     """The issue's targets per model: low load >= 30 % fewer J/inference than knob 0, p99 inside the
     objective; high load no loss (J/inference at most knob 0's + noise), p99 inside the objective. With
@@ -940,6 +961,12 @@ def verdict(cells: list[dict[str, Any]], min_noise: float) -> list[dict[str, Any
                         # The ratio's standard error to first order: relative errors add in quadrature.
                         rel = math.sqrt((ses[0] / j) ** 2 + (ses[1] / j0) ** 2) if j else 0.0
                         row["saving_se"] = (j / j0) * rel
+                    paired = paired_savings(group, groups[(model, level, 0.0)])
+                    if paired:
+                        row["saving_paired_rounds"] = paired
+                        row["saving_paired"] = statistics.fmean(paired)
+                        if len(paired) > 1:
+                            row["saving_paired_se"] = statistics.stdev(paired) / math.sqrt(len(paired))
                 else:
                     ses = [x for x in (s["j_per_inference_se"], base["j_per_inference_se"]) if x is not None]
                     noise = max(min_noise, 2.0 * math.sqrt(sum(x * x for x in ses)) / j0 if ses else 0.0)
@@ -974,6 +1001,12 @@ def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
             what = r.get("why", "")
         if r.get("rounds", 1) > 1:
             what += f", means of {r['rounds']} rounds"
+        if "saving_paired" in r:
+            what += (
+                f"; paired rounds (run at the same time) {r['saving_paired'] * 100:+.1f} %"
+                + (f" ± {r['saving_paired_se'] * 100:.1f}" if "saving_paired_se" in r else "")
+                + f" ({', '.join(f'{x * 100:+.1f}' for x in r['saving_paired_rounds'])})"
+            )
         flag = " (disturbed run)" if r["disturbed"] else ""
         dj, dj0 = r.get("device_j_per_inference_incl_idle"), r.get("device_j_per_inference_incl_idle_knob0")
         if dj and dj0:
@@ -1072,6 +1105,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=1,
         help="cells per model, rate and knob, the knob order rotating each round; the verdict pools them (1)",
+    )
+    p.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="load every knob's gateway at the same time, each with its own Poisson stream at the rate, so\n"
+        "the knobs of a round share the host's state (paired cells); for low and medium rates: the machine\n"
+        "serves the rate once per knob",
     )
     p.add_argument("--seed", type=int, default=1, help="arrival seed (each cell derives its own)")
     p.add_argument(
@@ -1179,6 +1219,99 @@ def start_gateways(work: Path, args: argparse.Namespace) -> list[Gateway]:
     return ready
 
 
+def measure_cells(
+    group: list[Gateway],
+    seeds: list[int],
+    gateways: list[Gateway],
+    workload: Workload,
+    level: str,
+    rate: float,
+    rnd: int,
+    args: argparse.Namespace,
+    failures: list[str],
+) -> list[dict[str, Any]]:
+    """One cell per gateway of ``group``, all loaded at the same time (one gateway unless ``--concurrent``),
+    each with its own Poisson stream at ``rate``: the cells' dicts, in the group's order."""
+    model = workload.model
+    quiet = wait_quiet(args.quiet_wait, args.disturbed_cores, gateways) if args.quiet_wait > 0 else {}
+
+    async def drive_all() -> list[tuple[list[Sample], list[dict[str, Any]], float]]:
+        return list(
+            await asyncio.gather(
+                *(
+                    drive(g, workload, rate, args.warmup, args.seconds, seed, args.request_timeout)
+                    for g, seed in zip(group, seeds, strict=True)
+                )
+            )
+        )
+
+    # The client's cyclic garbage collector stalled its event loop for tens of milliseconds while bursts of
+    # answers arrived (send lag p99 50-70 ms at 1,200-1,500 req/s, with the client at 0.3 core), which
+    # counted as the server's latency: off during the cell.
+    gc.collect()
+    gc.disable()
+    try:
+        with CpuWatch(gateways) as cpu:
+            driven = asyncio.run(drive_all())
+    finally:
+        gc.enable()
+    out = []
+    for g, seed, (samples, metrics, measured_wall_ns) in zip(group, seeds, driven, strict=True):
+        ids = [s.ledger_id for s in samples if s.measured and s.status == 200 and s.ledger_id]
+        ledger, waited = wait_for_ledger(g.db_path, ids, args.ledger_timeout)
+        batch_ids = sorted({row[0] for row in ledger.values()})
+        batches = read_batches(g.db_path, batch_ids)
+        summary = summarize_cell(samples, ledger, batches, args.seconds, args.warmup)
+        span = (min(b[4] for b in batches), max(b[5] for b in batches)) if batches else (0, 0)
+        device = read_intervals(g.db_path, *span, {b[6] for b in batches}) if batches else {}
+        if device.get("seconds"):
+            device["mean_power_w"] = device["energy_j"] / device["seconds"]
+            device["idle_share"] = device["idle_j"] / max(1e-12, device["energy_j"])
+            if summary["achieved_rate"]:
+                device["j_per_inference_incl_idle"] = device["mean_power_w"] / summary["achieved_rate"]
+        cell = {
+            "model": model,
+            "level": level,
+            "rate": rate,
+            "knob": g.knob,
+            "round": rnd,
+            "gateway": g.label,
+            "concurrent_with": [o.label for o in group if o is not g],
+            "slo_ms": args.slo_map[model],
+            "seed": seed,
+            "measured_from_utc": datetime.fromtimestamp(measured_wall_ns / 1e9, UTC).isoformat(),
+            "ledger_wait_s": round(waited, 2),
+            "summary": summary,
+            "device": device,
+            "cpu": cpu.as_dict(),
+            **quiet,
+            "planner": planner_summary(metrics),
+            "planner_metrics": metrics,
+        }
+        # The other gateways of a concurrent group are part of the design, not a disturbance.
+        cell["disturbed"] = cell["cpu"]["other_cpu_cores"] > args.disturbed_cores
+        s = summary
+        if not s["answered"]:
+            failures.append(f"{model} {level} knob {g.knob:g}: no answers")
+        elif s["energy_final"] < s["answered"]:
+            failures.append(
+                f"{model} {level} knob {g.knob:g}: final energy for {s['energy_final']} of "
+                f"{s['answered']} requests after {waited:.0f} s"
+            )
+        log(
+            f"  {model} {level} {rate:g}/s knob {g.knob:g}"
+            f"{f' round {rnd + 1}' if args.rounds > 1 else ''}{' (concurrent)' if len(group) > 1 else ''}: "
+            f"{s['achieved_rate']:.0f}/s, "
+            f"{_f(None if s['j_per_inference'] is None else s['j_per_inference'] * 1000, 3)} "
+            f"mJ/inf, p50 {_f(s['p50_ms'])} ms p99 {_f(s['p99_ms'])} ms, batch "
+            f"{_f(s['mean_batch_rows'])}, expected {cell['planner'].get('batch_expected_rows_median', '-')}, "
+            f"errors {s['errors']}, other CPU {cell['cpu']['other_cpu_cores']:.2f}"
+            f"{' DISTURBED' if cell['disturbed'] else ''}"
+        )
+        out.append(cell)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -1246,89 +1379,27 @@ def run(args: argparse.Namespace) -> int:
                     # Rotate the knob order from one rate, and one round, to the next (0, 0.5, 1 / 1, 0.5, 0 / ...).
                     if (li + rnd) % 2 == 1:
                         order.reverse()
-                    for knob in order:
-                        g = by_knob[knob]
-                        cell_no += 1
-                        if not g.server.alive():
+                    # One group a cell, or all knobs at once with --concurrent.
+                    groups = [order] if args.concurrent else [[knob] for knob in order]
+                    for group in groups:
+                        live = []
+                        for knob in group:
+                            g = by_knob[knob]
+                            if g.server.alive():
+                                live.append(g)
+                                continue
                             failures.append(f"{g.server.name} is down (see {g.server.log_path})")
                             log(f"  {g.server.name} died; last lines:\n{tail(g.server.log_path, 10)}")
+                        if not live:
                             continue
-                        quiet = (
-                            wait_quiet(args.quiet_wait, args.disturbed_cores, gateways)
-                            if args.quiet_wait > 0
-                            else {}
-                        )
-                        seed = args.seed * 1000 + cell_no
-                        # The client's cyclic garbage collector stalled its event loop for tens of milliseconds
-                        # while bursts of answers arrived (send lag p99 50-70 ms at 1,200-1,500 req/s, with the
-                        # client at 0.3 core), which counted as the server's latency: off during the cell.
-                        gc.collect()
-                        gc.disable()
-                        with CpuWatch(gateways) as cpu:
-                            samples, metrics, measured_wall_ns = asyncio.run(
-                                drive(
-                                    g,
-                                    workloads[model],
-                                    rate,
-                                    args.warmup,
-                                    args.seconds,
-                                    seed,
-                                    args.request_timeout,
-                                )
+                        seeds = []
+                        for _ in live:
+                            cell_no += 1
+                            seeds.append(args.seed * 1000 + cell_no)
+                        cells.extend(
+                            measure_cells(
+                                live, seeds, gateways, workloads[model], level, rate, rnd, args, failures
                             )
-                        gc.enable()
-                        ids = [s.ledger_id for s in samples if s.measured and s.status == 200 and s.ledger_id]
-                        ledger, waited = wait_for_ledger(g.db_path, ids, args.ledger_timeout)
-                        batch_ids = sorted({row[0] for row in ledger.values()})
-                        batches = read_batches(g.db_path, batch_ids)
-                        summary = summarize_cell(samples, ledger, batches, args.seconds, args.warmup)
-                        span = (min(b[4] for b in batches), max(b[5] for b in batches)) if batches else (0, 0)
-                        device = read_intervals(g.db_path, *span, {b[6] for b in batches}) if batches else {}
-                        if device.get("seconds"):
-                            device["mean_power_w"] = device["energy_j"] / device["seconds"]
-                            device["idle_share"] = device["idle_j"] / max(1e-12, device["energy_j"])
-                            if summary["achieved_rate"]:
-                                device["j_per_inference_incl_idle"] = (
-                                    device["mean_power_w"] / summary["achieved_rate"]
-                                )
-                        cell = {
-                            "model": model,
-                            "level": level,
-                            "rate": rate,
-                            "knob": knob,
-                            "round": rnd,
-                            "gateway": g.label,
-                            "slo_ms": args.slo_map[model],
-                            "seed": seed,
-                            "measured_from_utc": datetime.fromtimestamp(
-                                measured_wall_ns / 1e9, UTC
-                            ).isoformat(),
-                            "ledger_wait_s": round(waited, 2),
-                            "summary": summary,
-                            "device": device,
-                            "cpu": cpu.as_dict(),
-                            **quiet,
-                            "planner": planner_summary(metrics),
-                            "planner_metrics": metrics,
-                        }
-                        cell["disturbed"] = cell["cpu"]["other_cpu_cores"] > args.disturbed_cores
-                        cells.append(cell)
-                        s = summary
-                        if not s["answered"]:
-                            failures.append(f"{model} {level} knob {knob:g}: no answers")
-                        elif s["energy_final"] < s["answered"]:
-                            failures.append(
-                                f"{model} {level} knob {knob:g}: final energy for {s['energy_final']} of "
-                                f"{s['answered']} requests after {waited:.0f} s"
-                            )
-                        log(
-                            f"  {model} {level} {rate:g}/s knob {knob:g}"
-                            f"{f' round {rnd + 1}' if args.rounds > 1 else ''}: {s['achieved_rate']:.0f}/s, "
-                            f"{_f(None if s['j_per_inference'] is None else s['j_per_inference'] * 1000, 3)} "
-                            f"mJ/inf, p50 {_f(s['p50_ms'])} ms p99 {_f(s['p99_ms'])} ms, batch "
-                            f"{_f(s['mean_batch_rows'])}, target {cell['planner'].get('batch_target_rows_median', '-')}, "
-                            f"errors {s['errors']}, other CPU {cell['cpu']['other_cpu_cores']:.2f}"
-                            f"{' DISTURBED' if cell['disturbed'] else ''}"
                         )
     except BaseException:
         print(f"efficiency: logs and databases kept in {work}", file=sys.stderr)
@@ -1361,7 +1432,13 @@ def run(args: argparse.Namespace) -> int:
             "load": "open loop, Poisson arrivals (exponential gaps), aiohttp, HTTP/JSON, 1 row per request",
             "latency": "client side, from just before the POST to the end of the response body",
             "j_per_inference": "sum over the measured requests of their shares in ledger_batch_energy / requests",
-            "layout": "one gateway per knob, same model names; knob order rotates from one rate to the next",
+            "layout": "one gateway per knob, same model names; "
+            + (
+                "the knobs of a round loaded at the same time, each with its own Poisson stream (--concurrent)"
+                if args.concurrent
+                else "knob order rotates from one rate to the next"
+            ),
+            "concurrent": args.concurrent,
         },
         "verdict": checks,
         "table_markdown": table,

@@ -27,8 +27,8 @@ Beyond Triton:
 * adaptive delay (on by default, a model setting): when the queue already holds as many
   requests as the recent peak in flight, no one else can send, so dispatch now rather than
   wait out ``max_queue_delay``;
-* the energy-efficiency knob (``inference/efficiency.py``, off at 0): a planner sets the batch size
-  to aim at and the longest wait, within the model's latency objective.
+* the energy-efficiency knob (``inference/efficiency.py``, off at 0): a planner sets the longest wait
+  and the most rows a batch may collect meanwhile, within the model's latency objective.
 """
 
 from __future__ import annotations

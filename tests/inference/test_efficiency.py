@@ -259,6 +259,38 @@ def test_at_high_load_the_knob_loses_nothing() -> None:
     assert on.p99_ms(skip=1000) <= 25.0
 
 
+def test_a_batch_that_fills_early_keeps_collecting_until_the_wait_is_out() -> None:
+    # At 100 rows/s and 50 ms a batch expected to hold about 5 rows by the wait; dispatching as soon as 4
+    # had come (the planner before 5 December) gave batches of 3.5 here, at the same p99 (41.1 ms).
+    trace = poisson(100.0, 20.0)
+    on, batcher = simulate(policy(1.0, slo_ms=50.0), trace)
+    planner = batcher.planner
+    assert planner is not None
+    target = planner.target(trace[-1])
+    assert target.state == "waiting" and target.rows > target.expected_rows + 10
+    steady = on.dispatches[len(on.dispatches) // 5 :]
+    mean_rows = sum(n for _, n in steady) / len(steady)
+    assert mean_rows >= 0.9 * target.expected_rows and mean_rows >= 4.3
+    assert on.p99_ms(skip=400) <= 50.0
+
+
+def test_a_batch_never_takes_more_rows_than_can_run_inside_the_objective_after_the_wait() -> None:
+    # A slow device (3 ms a row): the most rows a batch may take is what still runs in time after the wait.
+    device = Device(t0_ns=2 * MS, t1_ns=3 * MS)
+    planner = EfficiencyPlanner(EfficiencySettings(1.0, 100 * MS), 64)
+    now = 20 * S
+    for t in range(now - 3 * S, now, 20 * MS):  # 50 rows/s
+        planner.arrival(t)
+    for rows in [1, 2, 4, 8] * 4:
+        planner.batch_done(rows, device.run_ns(rows), [], now)
+        planner.batch_energy(rows, device.energy_j(rows))
+    target = planner.target(now)
+    assert target.state == "waiting"
+    assert 1 < target.expected_rows < target.rows < 64
+    assert target.wait_ns + 2 * device.run_ns(target.rows) <= 100 * MS
+    assert target.wait_ns + 2 * device.run_ns(target.rows + 1) > 100 * MS
+
+
 def test_the_planner_adapts_to_load_steps() -> None:
     low1 = poisson(150.0, 6.0, start_ns=10 * S, seed=2)
     high = poisson(6000.0, 3.0, start_ns=16 * S, seed=3)

@@ -131,3 +131,43 @@ def test_the_table_compares_each_cell_with_knob_0_of_its_own_round(efficiency: A
     rows = efficiency.markdown_table(cells).splitlines()[2:]
 
     assert [r.split(" | ")[5] for r in rows] == ["-", "-50 %", "-10 %", "-"]
+
+
+def concurrent(c: dict[str, Any], label: str, others: list[str]) -> dict[str, Any]:
+    c.update(gateway=label, concurrent_with=others)
+    return c
+
+
+def test_rounds_run_at_the_same_time_are_also_compared_pairwise(efficiency: Any) -> None:
+    # The host's drift moves both knobs of a round together (knob 0: 30 then 20 mJ); the paired saving sees
+    # that, the ratio of the means with errors in quadrature cannot.
+    cells = [
+        concurrent(cell(0, 30.0), "k0", ["k1"]),
+        concurrent(cell(1, 19.5), "k1", ["k0"]),
+        concurrent(cell(0, 20.0, rnd=1), "k0", ["k1"]),
+        concurrent(cell(1, 13.4, rnd=1), "k1", ["k0"]),
+    ]
+
+    [row] = efficiency.verdict(cells, 0.05)
+
+    assert row["saving"] == pytest.approx(1 - 16.45 / 25)
+    assert row["saving_paired_rounds"] == pytest.approx([0.35, 0.33])
+    assert row["saving_paired"] == pytest.approx(0.34)
+    assert row["saving_paired_se"] == pytest.approx(0.01)
+    assert row["saving_paired_se"] < row["saving_se"]
+    assert row["met"] is True  # the verdict itself is still on the means
+    assert (
+        "paired rounds (run at the same time) +34.0 % ± 1.0 (+35.0, +33.0)"
+        in efficiency.verdict_lines([row])[0]
+    )
+
+
+def test_cells_run_one_after_the_other_have_no_paired_saving(efficiency: Any) -> None:
+    cells = [cell(0, 20.0), cell(1, 13.0), cell(1, 13.0, rnd=1), cell(0, 20.0, rnd=1)]
+    for c, label in zip(cells, ["k0", "k1", "k1", "k0"], strict=True):
+        c.update(gateway=label, concurrent_with=[])
+
+    [row] = efficiency.verdict(cells, 0.05)
+
+    assert "saving_paired" not in row
+    assert "paired" not in efficiency.verdict_lines([row])[0]
