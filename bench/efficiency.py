@@ -33,9 +33,8 @@ What it does:
    (``ledger_batch``: rows per batch, variant), and the device's intervals over the same span
    (``ledger_interval``: mean power, idle share). During the cell it samples the planner's ``/metrics``
    lines (``carbonledger_batch_target_rows``, ``_target_wait_seconds``, ``_expected_rows``,
-   ``carbonledger_latency_safety``,
-   ``carbonledger_arrival_rows_per_second``, ``carbonledger_latency_p99_seconds``,
-   ``carbonledger_latency_late_share``) every second;
+   ``carbonledger_latency_safety``, ``carbonledger_arrival_rows_per_second``,
+   ``carbonledger_latency_p99_seconds``, ``carbonledger_latency_late_share``) every second;
 5. writes ``bench/results/efficiency-<UTC>.json`` (``-quick`` for ``--quick``), prints a markdown table and
    the issue's verdict: at low load, knob 1 (and 0.5) at least 30 % fewer joules per inference than knob 0
    with the client-side p99 inside the objective; at high load, no loss (joules per inference not above knob

@@ -130,9 +130,8 @@ class Target:
     wait_ns: int
     reason: str
     state: str = "waiting"  # learning, off, no_fixed_cost, not_worth_waiting or waiting (a /metrics label)
-    expected_rows: float = (
-        1.0  # what the arrival rate should bring by the wait (rows is the most it may take)
-    )
+    # What the arrival rate should bring by the wait (``rows`` is the most a batch may take).
+    expected_rows: float = 1.0
 
 
 class EfficiencyPlanner:
@@ -338,6 +337,12 @@ class EfficiencyPlanner:
         slo = self.settings.latency_slo_ns
         unseen = self._unseen_ns()
         allowed = knob * self.safety
+
+        def headroom(rows: int) -> float:
+            # A request may also wait behind the batch before it: two batch times come off the objective,
+            # and the wait before the server sees it.
+            return slo - 2 * max(0.0, t0 + t1 * rows) - unseen
+
         # The batch the load forms anyway, without waiting: what arrives while one batch runs. Waiting must
         # beat that, not a batch of one.
         natural = 1
@@ -346,14 +351,11 @@ class EfficiencyPlanner:
         best_rows, best_wait, best_j = natural, 0, (e0 + e1 * natural) / natural
         baseline = best_j
         for rows in range(natural + 1, self.max_batch_size + 1):
-            run_ns = max(0.0, t0 + t1 * rows)
-            # A request may also wait behind the batch before it: two batch times come off the objective,
-            # and the wait before the server sees it.
-            headroom = slo - 2 * run_ns - unseen
-            if headroom <= 0:
+            room = headroom(rows)
+            if room <= 0:
                 break
             wait = (rows - 1) / rate if rate > 0 else math.inf
-            if wait > allowed * headroom:
+            if wait > allowed * room:
                 break
             per_row = (e0 + e1 * rows) / rows
             if per_row < best_j:
@@ -364,8 +366,7 @@ class EfficiencyPlanner:
             )
         # The longest the oldest request may wait: the expected fill time with a margin for arrival noise,
         # never past the share of the headroom the knob allows.
-        run_ns = max(0.0, t0 + t1 * best_rows)
-        wait_cap = int(allowed * (slo - 2 * run_ns - unseen))
+        wait_cap = int(allowed * headroom(best_rows))
         wait_ns = max(0, min(wait_cap, int(best_wait * 1.5) + 1))
         # Fill to the deadline: a batch that reaches best_rows early keeps collecting until wait_ns, up to the
         # largest batch whose run still fits the objective after that wait. The p99 is set by the batches that
@@ -376,10 +377,7 @@ class EfficiencyPlanner:
         # 3.6 -> 4.4 rows, 25.4 -> 30.2 %, p99 22.2 -> 22.0 ms of 25; the p50 rose from 15 to 27 ms and from 7 to
         # 12 ms.
         fill_rows = best_rows
-        while (
-            fill_rows < self.max_batch_size
-            and wait_ns + 2 * max(0.0, t0 + t1 * (fill_rows + 1)) + unseen <= slo
-        ):
+        while fill_rows < self.max_batch_size and wait_ns <= headroom(fill_rows + 1):
             fill_rows += 1
         expected = min(float(fill_rows), 1.0 + rate * wait_ns)
         return Target(
