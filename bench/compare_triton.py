@@ -7,11 +7,11 @@ Usage (from the repository root)::
 
 What it does, in this order:
 
-1. installs tritonserver 2.51 and perf_analyzer 2.41 with ``../shared/triton-reference/setup.sh`` into a
+1. installs tritonserver 2.51 and perf_analyzer 2.41 with the Triton reference's ``setup.sh`` (``CARBONLEDGER_TRITON_REFERENCE``) into a
    cache folder (``var/triton`` by default, reused when already there; ``--triton-dir``);
 2. builds a model repository for our gateway (``linear`` copied from ``inference/demo_repository``, and
    ``linear_nobatch``: the same without ``dynamic_batching``), a throw-away SQLite database with an
-   organization and an API key, and starts the real Triton (on ``../shared/triton-reference/models``)
+   organization and an API key, and starts the real Triton (on the reference's ``models``)
    and our gateway (``manage.py serve``) on free loopback ports, both at once, and waits until both are ready;
 3. checks that both servers answer the same ``y = x @ W + b`` as a numpy reference (JSON protocol);
 4. drives each server with Triton's own C++ load generator, perf_analyzer (closed loop, HTTP, binary
@@ -29,8 +29,8 @@ used while it ran (``server_cpu_cores``, ``perf_analyzer_cpu_cores``, ``other_cp
 
 Stability: perf_analyzer's default criterion (average latency and throughput of the last three windows
 within ``--stability-percentage``); p50/p99 are read from its report, which merges those windows.
-Stabilizing on p99 (``--percentile=99``) was tried and failed to converge within 4-6 windows for both
-servers on this shared 2-core machine; ``--stability-percentile 99`` switches to it.
+Stabilizing on p99 (``--percentile=99``) is not the default: on a shared 2-core machine it does not
+converge within 4-6 windows for either server; ``--stability-percentile 99`` switches to it.
 
 Other people's load on the 2 shared cores lands on whichever server is being measured. Before each
 measurement the script waits (up to ``--quiet-wait`` s) for the rest of the machine to use under
@@ -48,250 +48,51 @@ a response that failed validation) or a measurement failed, 2 when set-up failed
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
 import json
 import os
-import platform
-import random
 import re
-import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "triton-reference"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (
+    LIVE_CLIENTS,
+    REPO,
+    RESULTS_DIR,
+    SCRUBBED_ENV,
+    TRITON_REFERENCE,
+    Server,
+    SetupError,
+    children_cpu_seconds,
+    cleanup,
+    create_bench_key,
+    free_port_block,
+    gateway_env,
+    group_cpu_seconds,
+    http,
+    install_cleanup,
+    log,
+    machine_busy_ticks,
+    machine_info,
+    serve_argv,
+    tail,
+    utc_stamp,
+    wait_ready,
+    write_json,
+)
+
 DEMO_LINEAR = REPO / "inference" / "demo_repository" / "linear"
-RESULTS_DIR = REPO / "bench" / "results"
 SERVERS = ("triton", "ours")
 DEFAULT_MODELS = ("linear", "linear_nobatch")
 DEFAULT_CONCURRENCY = (1, 8, 32)
-# Environment variables that would make the two servers run different work or touch shared state.
-SCRUBBED_ENV = ("PROBE_SLEEP_MS", "DATABASE_URL", "CELERY_BROKER_URL", "TRITON_URL", "PORT", "LD_PRELOAD")
-
-
-class SetupError(RuntimeError):
-    """Something the benchmark needs could not be prepared; the message says what and where to look."""
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return f"(no log at {path})"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-# -- processes --------------------------------------------------------------------------------------------
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Fields after the command name, which is in parentheses and may itself contain spaces.
-    return raw[raw.rindex(")") + 2 :].split()
-
-
-def _pids_in_group(pgid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _proc_stat(int(entry))
-            if fields is not None and int(fields[2]) == pgid:
-                pids.append(int(entry))
-    return pids
-
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds of the live processes in a process group (plus their reaped children)."""
-    total = 0
-    for pid in _pids_in_group(pgid):
-        fields = _proc_stat(pid)
-        if fields is not None:
-            total += sum(int(fields[i]) for i in (11, 12, 13, 14))
-    return total / CLK_TCK
-
-
-def machine_busy_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies over all CPUs from /proc/stat."""
-    # user nice system idle iowait irq softirq steal: busy = all but idle, iowait and steal (time the
-    # hypervisor gave to someone else).
-    parts = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    busy = parts[0] + parts[1] + parts[2] + parts[5] + parts[6]
-    return busy, sum(parts)
-
-
-def children_cpu_seconds() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
-@dataclass
-class Server:
-    name: str
-    port: int
-    argv: list[str]
-    env: dict[str, str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    version: str = "?"
-    stopped_by: str = ""
-    restarts: int = 0
-
-    def start(self) -> None:
-        log(f"starting {self.name} on 127.0.0.1:{self.port}")
-        with self.log_path.open("ab") as out:
-            # Own session and process group: the whole tree (Triton's python-backend stubs too) can be
-            # signalled at once, and a Ctrl-C in the terminal reaches only this script.
-            self.proc = subprocess.Popen(
-                self.argv,
-                cwd=REPO,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        _LIVE.append(self)
-
-    @property
-    def pgid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, grace_s: float = 15.0) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pgid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace_s)
-                self.stopped_by = "SIGTERM"
-            except subprocess.TimeoutExpired:
-                self.stopped_by = "SIGKILL"
-        else:
-            self.stopped_by = f"exited earlier (status {self.proc.returncode})"
-        # Whatever is left in the group (a stub that outlived its server, or everything after the grace
-        # period) is killed.
-        leftovers = _pids_in_group(self.pgid)
-        if leftovers:
-            if self.stopped_by == "SIGTERM":
-                self.stopped_by = f"SIGTERM, then SIGKILL for {len(leftovers)} leftover process(es)"
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pgid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
-        if self in _LIVE:
-            _LIVE.remove(self)
-        log(f"stopped {self.name}: {self.stopped_by}")
-
-
-_LIVE: list[Server] = []
-_LIVE_CLIENTS: list[subprocess.Popen[bytes]] = []
-
-
-def _cleanup() -> None:
-    for proc in list(_LIVE_CLIENTS):
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-    for server in list(_LIVE):
-        server.stop(grace_s=8.0)
-
-
-def _on_signal(signum: int, _frame: Any) -> None:
-    # Turn SIGTERM/SIGHUP into a normal exit so that finally blocks and atexit stop the servers.
-    raise SystemExit(128 + signum)
-
-
-# -- HTTP -------------------------------------------------------------------------------------------------
-
-
-def http(
-    method: str,
-    url: str,
-    body: bytes | None = None,
-    headers: dict[str, str] | None = None,
-    timeout: float = 5.0,
-) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def wait_ready(server: Server, headers: dict[str, str], models: list[str], timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    base = f"http://127.0.0.1:{server.port}"
-    while time.monotonic() < deadline:
-        if not server.alive():
-            raise SetupError(
-                f"{server.name} exited during start-up (status {server.proc.returncode if server.proc else '?'}); "
-                f"last lines of {server.log_path}:\n{tail(server.log_path)}"
-            )
-        try:
-            status, _ = http("GET", f"{base}/v2/health/ready", timeout=2.0)
-            if status == 200 and all(
-                http("GET", f"{base}/v2/models/{m}/ready", headers=headers, timeout=2.0)[0] == 200
-                for m in models
-            ):
-                status, body = http("GET", f"{base}/v2", headers=headers)
-                if status == 200:
-                    server.version = json.loads(body).get("version", "?")
-                return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.25)
-    raise SetupError(
-        f"{server.name} was not ready within {timeout_s:.0f} s; last lines of {server.log_path}:\n"
-        f"{tail(server.log_path)}"
-    )
-
-
-def free_port_block(n: int) -> int:
-    """A port P such that P .. P+n-1 are all free on 127.0.0.1 right now."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 60000 - n)
-        socks: list[socket.socket] = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise SetupError("found no free block of loopback ports")
 
 
 # -- set-up -----------------------------------------------------------------------------------------------
@@ -304,9 +105,11 @@ def ensure_triton(triton_dir: Path) -> dict[str, str]:
     if all(p.exists() for p in needed) and list(triton_dir.glob("venv/lib/python3*/site-packages/pytriton")):
         log(f"reusing Triton + perf_analyzer in {triton_dir}")
     else:
-        setup = SHARED / "setup.sh"
+        setup = TRITON_REFERENCE / "setup.sh"
         if not setup.exists():
-            raise SetupError(f"{setup} is missing: the shared Triton reference is needed to install Triton")
+            raise SetupError(
+                f"{setup} is missing: set CARBONLEDGER_TRITON_REFERENCE to the Triton reference folder"
+            )
         try:
             triton_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -352,7 +155,7 @@ def ensure_triton(triton_dir: Path) -> dict[str, str]:
 
 
 def reference_weights() -> tuple[Any, Any]:
-    """W and b of the reference model (../shared/triton-reference/models/linear/1/model.py)."""
+    """W and b of the reference model (the Triton reference's models/linear/1/model.py)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -402,17 +205,6 @@ def build_our_repository(root: Path, models: list[str]) -> None:
     for name in models:
         if not (root / name / "config.pbtxt").exists():
             raise SetupError(f"model {name!r} is not one this benchmark builds ({', '.join(DEFAULT_MODELS)})")
-
-
-def manage(env: dict[str, str], *args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-    )
-    if proc.returncode != 0:
-        raise SetupError(
-            f"manage.py {' '.join(args)} failed (status {proc.returncode}):\n{proc.stderr[-3000:]}"
-        )
-    return proc.stdout
 
 
 def check_answers(servers: list[Server], headers: dict[str, str], models: list[str]) -> dict[str, Any]:
@@ -574,7 +366,7 @@ class Bench:
         proc = subprocess.Popen(
             argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
         )
-        _LIVE_CLIENTS.append(proc)
+        LIVE_CLIENTS.append(proc)
         try:
             raw, _ = proc.communicate(timeout=limit)
             timed_out = False
@@ -583,7 +375,7 @@ class Bench:
             raw, _ = proc.communicate()
             timed_out = True
         finally:
-            _LIVE_CLIENTS.remove(proc)
+            LIVE_CLIENTS.remove(proc)
         wall = time.monotonic() - t0
         busy1, total1 = machine_busy_ticks()
         stdout = raw.decode(errors="replace")
@@ -686,7 +478,6 @@ class Bench:
                 why = f"was disturbed ({res['other_cpu_cores']:.2f} cores used by others)"
             log(f"  {server.name} {model} c={concurrency} {why}; running it again")
         self.remaining -= 1
-        # Keep the best attempt: stable first, then the least disturbed.
         # Keep the best attempt: without errors, stable, least disturbed (an attempt whose only fault was
         # that its server died is superseded by a later good one; any other error is kept and reported).
         best = min(attempts, key=lambda r: (bool(r["errors"]), not r["stable"], r["other_cpu_cores"]))
@@ -791,35 +582,6 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"checks": checks, "architecture_aim_linear_c32_ratio": 1.8, "linear_c32_ratio": aim}
 
 
-def machine_info() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10
-            ).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-
-    cpu_model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    dirty = [line for line in git("status", "--porcelain", "--untracked-files=no").splitlines() if line]
-    return {
-        "nproc": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)),
-        "cpu_model": cpu_model,
-        "loadavg_at_start": os.getloadavg(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "python_executable": sys.executable,
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_modified_tracked_files": dirty,
-    }
-
-
 # -- main -------------------------------------------------------------------------------------------------
 
 
@@ -906,7 +668,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = utc_stamp()
     triton_dir = args.triton_dir.resolve()
     work = Path(tempfile.mkdtemp(prefix="compare_triton-"))
     meta: dict[str, Any] = {"started_utc": stamp, **machine_info()}
@@ -918,21 +680,9 @@ def run(args: argparse.Namespace) -> int:
         models_dir = work / "models"
         models_dir.mkdir()
         build_our_repository(models_dir, args.model_list)
-        env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
-        env.update(
-            CARBONLEDGER_VAR_DIR=str(work / "var"),
-            MODEL_REPOSITORY=str(models_dir),
-            PYTHONUNBUFFERED="1",
-        )
-        env.update(args.ours_env_map)
+        env = gateway_env(work / "var", models_dir, **args.ours_env_map)
         log("preparing our gateway: migrate, organization, API key")
-        manage(env, "migrate", "--noinput")
-        manage(env, "create_organization", "bench")
-        key = (
-            manage(env, "create_api_key", "bench", "--scopes", "infer,read").strip().splitlines()[-1].strip()
-        )
-        if not key or " " in key:
-            raise SetupError(f"could not read the API key from create_api_key's output: {key!r}")
+        key = create_bench_key(env)
         input_data = work / "validation_data.json"
         write_validation_data(input_data)
 
@@ -950,17 +700,17 @@ def run(args: argparse.Namespace) -> int:
         triton = Server(
             "triton",
             t_port,
-            ["bash", str(SHARED / "start_triton.sh"), str(triton_home), str(SHARED / "models"), str(t_port)],
+            [
+                "bash",
+                str(TRITON_REFERENCE / "start_triton.sh"),
+                str(triton_home),
+                str(TRITON_REFERENCE / "models"),
+                str(t_port),
+            ],
             tenv,
             work / "triton.log",
         )
-        ours = Server(
-            "ours",
-            o_port,
-            [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(o_port)],
-            env,
-            work / "ours.log",
-        )
+        ours = Server("ours", o_port, serve_argv(o_port), env, work / "ours.log")
         servers = [triton, ours]
         headers = {"Authorization": f"Bearer {key}"}
         for s in servers:
@@ -1033,14 +783,11 @@ def run(args: argparse.Namespace) -> int:
         "table_markdown": table,
         "runs": bench.runs,
     }
-    args.results_dir.mkdir(parents=True, exist_ok=True)
     # A --quick smoke run never replaces the latest full run.
     suffix = ("-quick" if args.quick else "") + ("-diag" if args.ours_env_map else "")
     out = args.results_dir / f"compare_triton-{stamp}{suffix}.json"
     latest = args.results_dir / f"compare_triton-latest{suffix}.json"
-    text = json.dumps(doc, indent=1, default=str)
-    out.write_text(text)
-    latest.write_text(text)
+    write_json([out, latest], doc, indent=1)
     print()
     print(
         f"Triton {meta.get('triton_version')} vs ours ({meta['git_commit'][:10]}), "
@@ -1076,9 +823,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    atexit.register(_cleanup)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _on_signal)
+    install_cleanup()
     try:
         return run(args)
     except SetupError as exc:
@@ -1088,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
         print("compare_triton: interrupted; servers stopped", file=sys.stderr)
         return 130
     finally:
-        _cleanup()
+        cleanup()
 
 
 if __name__ == "__main__":

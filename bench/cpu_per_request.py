@@ -9,8 +9,8 @@ gateway (`manage.py serve`, ledger on, as served) with its own throw-away SQLite
 
 For each phase the requests are counted from the gateway's own statistics (inference_count), and the
 CPU from /proc: the serving process as a whole, its main thread (the event loop) and every other
-thread that used more than 10 ms (non-Python threads show up too, which is how the spinning OpenBLAS
-worker was found). The ledger drainer (`drain_ledger`, its own process and session) is not included.
+thread that used more than 10 ms (non-Python threads show up too, such as an OpenBLAS worker spinning
+between calls). The ledger drainer (`drain_ledger`, its own process and session) is not included.
 
     .venv/bin/python bench/cpu_per_request.py               # about 45 s
     .venv/bin/python bench/cpu_per_request.py --label before-change
@@ -32,10 +32,24 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import compare_triton as ct  # same folder: its server and /proc helpers
-
-REPO = Path(__file__).resolve().parents[1]
-RESULTS_DIR = REPO / "bench" / "results"
+import compare_triton as ct  # same folder: Triton's perf_analyzer and its input data
+from common import (
+    CLK_TCK,
+    REPO,
+    RESULTS_DIR,
+    Server,
+    create_bench_key,
+    free_port_block,
+    gateway_env,
+    group_cpu_seconds,
+    http,
+    log,
+    machine_info,
+    serve_argv,
+    utc_stamp,
+    wait_ready,
+    write_json,
+)
 
 
 def thread_cpu_s(pid: int) -> dict[int, tuple[float, float]]:
@@ -48,12 +62,12 @@ def thread_cpu_s(pid: int) -> dict[int, tuple[float, float]]:
             continue
         fields = raw[raw.rindex(")") + 2 :].split()
         user, system = int(fields[11]), int(fields[12])
-        out[int(tid)] = ((user + system) / ct.CLK_TCK, system / ct.CLK_TCK)
+        out[int(tid)] = ((user + system) / CLK_TCK, system / CLK_TCK)
     return out
 
 
 def served(port: int, headers: dict[str, str]) -> tuple[int, int]:
-    status, body = ct.http("GET", f"http://127.0.0.1:{port}/v2/models/linear/stats", headers=headers)
+    status, body = http("GET", f"http://127.0.0.1:{port}/v2/models/linear/stats", headers=headers)
     if status != 200:
         raise RuntimeError(f"statistics answered {status}: {body[:200]!r}")
     stats = json.loads(body)["model_stats"][0]
@@ -90,13 +104,11 @@ async def poisson(port: int, key: str, rate: float, seconds: float) -> int:
     return failures
 
 
-def measure(
-    phase: str, server: ct.Server, port: int, key: str, data: Path, triton_dir: Path
-) -> dict[str, Any]:
+def measure(phase: str, server: Server, port: int, key: str, data: Path, triton_dir: Path) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {key}"}
     pid = server.pgid
     n0, e0 = served(port, headers)
-    proc0, threads0 = ct.group_cpu_seconds(pid), thread_cpu_s(pid)
+    proc0, threads0 = group_cpu_seconds(pid), thread_cpu_s(pid)
     t0 = time.monotonic()
     failures = 0
     if phase == "c32":
@@ -119,7 +131,7 @@ def measure(
     time.sleep(0.5)  # the last answers' bookkeeping
     wall = time.monotonic() - t0
     n1, e1 = served(port, headers)
-    proc1, threads1 = ct.group_cpu_seconds(pid), thread_cpu_s(pid)
+    proc1, threads1 = group_cpu_seconds(pid), thread_cpu_s(pid)
     n = n1 - n0
     if n <= 0:
         raise RuntimeError(f"{phase}: the gateway counted no requests")
@@ -158,36 +170,31 @@ def main(argv: list[str] | None = None) -> int:
     models = work / "models"
     models.mkdir()
     ct.build_our_repository(models, ["linear"])
-    env = {k: v for k, v in os.environ.items() if k not in ct.SCRUBBED_ENV}
-    env.update(CARBONLEDGER_VAR_DIR=str(work / "var"), MODEL_REPOSITORY=str(models), PYTHONUNBUFFERED="1")
-    ct.manage(env, "migrate", "--noinput")
-    ct.manage(env, "create_organization", "bench")
-    key = ct.manage(env, "create_api_key", "bench", "--scopes", "infer,read").strip().splitlines()[-1].strip()
-    port = ct.free_port_block(1)
-    server = ct.Server(
-        "ours", port, [sys.executable, "manage.py", "serve", "--port", str(port)], env, work / "ours.log"
-    )
+    env = gateway_env(work / "var", models)
+    key = create_bench_key(env)
+    port = free_port_block(1)
+    server = Server("ours", port, serve_argv(port), env, work / "ours.log")
     data = work / "input.json"
     ct.write_validation_data(data)
     result: dict[str, Any] = {
         "label": args.label,
         "started_utc": datetime.now(UTC).isoformat(),
-        **ct.machine_info(),
+        **machine_info(),
     }
     try:
         server.start()
-        ct.wait_ready(server, {"Authorization": f"Bearer {key}"}, ["linear"])
+        wait_ready(server, {"Authorization": f"Bearer {key}"}, ["linear"])
         time.sleep(5)  # start-up work (migrations' aftermath, the first meter intervals) settles
         for phase in ("c32", "poisson_100"):
             result[phase] = measure(phase, server, port, key, data, triton_dir)
-            ct.log(f"{phase}: {json.dumps(result[phase])}")
+            log(f"{phase}: {json.dumps(result[phase])}")
     finally:
         server.stop()
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = args.results_dir / f"cpu_per_request-{stamp}{'-' + args.label if args.label else ''}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    ct.log(f"raw results: {out}")
+    stamp = utc_stamp()
+    out = write_json(
+        args.results_dir / f"cpu_per_request-{stamp}{'-' + args.label if args.label else ''}.json", result
+    )
+    log(f"raw results: {out}")
     return 0
 
 

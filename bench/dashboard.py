@@ -14,8 +14,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -23,8 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from unittest import mock
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS_DIR, setup_django, utc_stamp, write_json
 
 PAGES = (
     "/dashboard/",
@@ -47,16 +45,12 @@ def main() -> None:
         "--now", default="2026-10-31T23:30:00+00:00", help="the dashboard's 'now' (end of the data)"
     )
     args = parser.parse_args()
-    os.environ["DATABASE_URL"] = args.database_url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "carbonledger.settings"
-    import django
-
-    django.setup()
+    setup_django(args.database_url)
     from django.contrib.auth.models import User
     from django.test import Client
 
-    from carbonledger.models import Organization
-    from carbonledger.services import user_create
+    from tenancy.models import Organization
+    from tenancy.services import user_create
 
     org = Organization.objects.get(slug="bench")
     if not User.objects.filter(username="bench-admin").exists():
@@ -91,8 +85,7 @@ def main() -> None:
         "pages": results,
         "target_p95_ms": 200,
     }
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    (ROOT / "bench" / "results" / f"dashboard-{stamp}.json").write_text(json.dumps(out, indent=2) + "\n")
+    write_json(RESULTS_DIR / f"dashboard-{utc_stamp()}.json", out)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,9 @@ What it does:
    with the client-side p99 inside the objective; at high load, no loss (joules per inference not above knob
    0's by more than the noise, p99 inside the objective). With ``--rounds N`` every (model, rate) runs its
    knobs N times, the order reversing each round, and the verdict compares the means of the N cells (their
-   standard error from the spread between cells, the worst cell's p99): on a shared 2-core machine one
-   20 s cell's figure moves by about 20 % from one cell to the next (bench/README.md, 4 December evening).
+   standard error from the spread between cells, the worst cell's p99): on a shared machine one cell's
+   figure moves from one cell to the next by more than its own standard error shows, so one cell a knob
+   is not a verdict.
    With ``--concurrent`` the knobs of a round are loaded at the same time below the high rate, each with its
    own Poisson stream (paired cells: the host's drift hits every knob of a round alike, and the verdict adds
    each round's paired saving); the high rate stays one knob at a time.
@@ -59,7 +60,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import contextlib
 import gc
 import json
@@ -68,7 +68,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import sqlite3
 import statistics
 import sys
@@ -84,32 +83,35 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_triton import (
+from common import (
     CLK_TCK,
     REPO,
+    RESULTS_DIR,
     Server,
     SetupError,
-    _cleanup,
-    _on_signal,
-    _proc_stat,
+    cleanup,
+    create_bench_key,
     free_port_block,
+    gateway_env,
+    install_cleanup,
     log,
     machine_busy_ticks,
     machine_info,
-    manage,
+    proc_stat,
+    serve_argv,
     tail,
+    utc_stamp,
     wait_ready,
+    write_json,
 )
 
 DEMO = REPO / "inference" / "demo_repository"
-RESULTS_DIR = REPO / "bench" / "results"
 MODELS = ("linear", "digits")
 DEFAULT_RATES = {"linear": (100.0, 400.0, 1200.0), "digits": (200.0, 600.0, 1500.0)}
 DEFAULT_SLO_MS = {"linear": 50.0, "digits": 25.0}
 DEFAULT_KNOBS = (0.0, 0.5, 1.0)
 LEVELS = ("low", "medium", "high")
 TARGET_SAVING = 0.30  # the issue: at least 30 % fewer joules per inference at low load
-SCRUBBED_ENV = ("PROBE_SLEEP_MS", "DATABASE_URL", "CELERY_BROKER_URL", "TRITON_URL", "PORT", "LD_PRELOAD")
 PLANNER_METRICS = (
     "carbonledger_energy_efficiency",
     "carbonledger_latency_slo_seconds",
@@ -193,7 +195,7 @@ def _all_stats() -> dict[int, list[str]]:
     stats = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            fields = _proc_stat(int(entry))
+            fields = proc_stat(int(entry))
             if fields is not None:
                 stats[int(entry)] = fields
     return stats
@@ -334,31 +336,20 @@ def prepare_gateway(work: Path, knob: float, args: argparse.Namespace) -> Gatewa
     models = var / "models"
     var.mkdir(parents=True)
     configs = build_repository(models, knob, args.slo_map, args.adaptive_delay, args.repository)
-    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
-    env.update(
-        CARBONLEDGER_VAR_DIR=str(var),
-        MODEL_REPOSITORY=str(models),
+    env = gateway_env(
+        var,
+        models,
         CARBON_AWARE="false",
         METER_INTERVAL_S=f"{args.meter_interval:g}",
-        PYTHONUNBUFFERED="1",
         # As `make run` serves (scripts/run.sh): without it OpenBLAS starts a worker thread per core and, for
         # matrices as large as a batch of ~24 `linear` rows, hands it half of each product; the worker then
-        # spins between calls (measured: a second thread at 100 % of a core at 1,200 req/s).
+        # spins between calls, and its CPU would be charged to the requests as energy.
         OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"),
     )
     env.update(args.env_map)
-    manage(env, "migrate", "--noinput")
-    manage(env, "create_organization", "bench")
-    key = manage(env, "create_api_key", "bench", "--scopes", "infer,read").strip().splitlines()[-1].strip()
-    if not key or " " in key:
-        raise SetupError(f"could not read the API key from create_api_key's output: {key!r}")
-    server = Server(
-        f"gateway-{label}",
-        0,
-        [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", "0"],
-        env,
-        var / "serve.log",
-    )
+    key = create_bench_key(env)
+    # The port is chosen when the gateways start (start_gateways), in one free block for all of them.
+    server = Server(f"gateway-{label}", 0, serve_argv(0), env, var / "serve.log")
     return Gateway(knob, label, var, server, key, configs)
 
 
@@ -457,9 +448,9 @@ async def drive(
                 t1 = loop.time()
                 err = f"{type(exc).__name__}: {exc}"[:200]
             if status == 200:
-                # Parsed and checked after the cell: done here, a burst of 32 answers from one batch held the
-                # event loop for milliseconds, delaying the next sends and reads (the client's own stall
-                # counted as the server's latency; measured send lag p99 up to 89 ms at 1,500 req/s).
+                # Parsed and checked after the cell: done here, a burst of answers from one large batch would
+                # hold the client's event loop for milliseconds, delaying the next sends and reads, and the
+                # client's own stall would count as the server's latency.
                 answers[i] = raw
             samples.append(
                 Sample(
@@ -868,7 +859,7 @@ def _mean_or_none(values: list[float | None]) -> float | None:
 
 def pooled(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """One knob's figures over its rounds (``--rounds``): the mean of the cells' joules per inference (each
-    cell weighs the same: the noise measured on this machine is between cells, not between requests), its
+    cell weighs the same: on a shared host the noise is between cells, not between requests), its
     standard error from the spread between cells (from the cell's own chunks when there is one cell), the
     worst cell's p99 (every round must be inside the objective) and the mean device figures."""
     js = [c["summary"]["j_per_inference"] for c in cells]
@@ -1257,9 +1248,8 @@ def measure_cells(
             )
         )
 
-    # The client's cyclic garbage collector stalled its event loop for tens of milliseconds while bursts of
-    # answers arrived (send lag p99 50-70 ms at 1,200-1,500 req/s, with the client at 0.3 core), which
-    # counted as the server's latency: off during the cell.
+    # The client's cyclic garbage collector can stall its event loop for tens of milliseconds while bursts of
+    # answers arrive, which would count as the server's latency: off during the cell.
     gc.collect()
     gc.disable()
     try:
@@ -1326,7 +1316,7 @@ def measure_cells(
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = utc_stamp()
     work = Path(tempfile.mkdtemp(prefix="efficiency-"))
     meta: dict[str, Any] = {"started_utc": stamp, **machine_info(), "repository": str(args.repository)}
     log(f"work folder {work}")
@@ -1457,9 +1447,9 @@ def run(args: argparse.Namespace) -> int:
         "cells": cells,
         "failures": failures,
     }
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = args.results_dir / f"efficiency-{stamp}{'-quick' if args.quick else ''}.json"
-    out.write_text(json.dumps(doc, indent=1, default=str))
+    out = write_json(
+        args.results_dir / f"efficiency-{stamp}{'-quick' if args.quick else ''}.json", doc, indent=1
+    )
     print()
     print(
         f"energy_efficiency knob, {meta['nproc']} CPUs, commit {meta['git_commit'][:10]}, {stamp}, "
@@ -1485,9 +1475,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    atexit.register(_cleanup)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _on_signal)
+    install_cleanup()
     try:
         return run(args)
     except SetupError as exc:
@@ -1497,7 +1485,7 @@ def main(argv: list[str] | None = None) -> int:
         print("efficiency: interrupted; gateways stopped", file=sys.stderr)
         return 130
     finally:
-        _cleanup()
+        cleanup()
 
 
 if __name__ == "__main__":

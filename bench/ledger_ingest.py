@@ -22,37 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-
-def configure(db: str, workdir: Path) -> str:
-    os.environ["CARBONLEDGER_VAR_DIR"] = str(workdir)
-    os.environ["DJANGO_SETTINGS_MODULE"] = "carbonledger.settings"
-    if db == "sqlite":
-        url = f"sqlite:///{workdir / 'ingest.sqlite3'}"
-    else:
-        import psycopg
-
-        name = f"cl_bench_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {name}")
-        url = f"postgres://postgres@127.0.0.1:5432/{name}"
-    os.environ["DATABASE_URL"] = url
-    return url
-
-
-def drop_database(url: str) -> None:
-    if url.startswith("postgres"):
-        import psycopg
-
-        name = url.rsplit("/", 1)[1]
-        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+from common import RESULTS_DIR, drop_database, git, setup_django, use_database, write_json  # noqa: E402
 
 
 def batch_lines(n: int, org_id: int, t0: int) -> tuple[bytes, int]:
@@ -124,23 +101,21 @@ def main() -> int:
     ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--backlog-mb", type=float, default=32.0, help="how far the producer runs ahead")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--out", default=str(RESULTS_DIR))
     args = ap.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="ledger-ingest-"))
-    url = configure(args.db, workdir)
+    url = use_database(args.db, workdir)
     try:
-        import django
-
-        django.setup()
+        setup_django()
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        from carbonledger.ledger_verify import verify_all
-        from carbonledger.ledger_writer import DRAINER_SWITCH_INTERVAL_S, LedgerWriter
-        from carbonledger.models import LedgerRequest
-        from carbonledger.services import organization_create
         from inference.spool import SpoolReader
+        from ledger.models import LedgerRequest
+        from ledger.verify import verify_all
+        from ledger.writer import DRAINER_SWITCH_INTERVAL_S, LedgerWriter
+        from tenancy.services import organization_create
 
         org = organization_create(slug="bench")
         # As in production: the gateway (here a producer process) appends to the spool, and the
@@ -187,9 +162,7 @@ def main() -> int:
         result = {
             "benchmark": "ledger_ingest",
             "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-            "git_commit": subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-            ).stdout.strip(),
+            "git_commit": git("rev-parse", "--short", "HEAD"),
             "db": args.db,
             "seconds": round(elapsed, 2),
             "request_records": committed,
@@ -206,10 +179,11 @@ def main() -> int:
         result["meets_target"] = result["request_records_per_s"] >= result["target_per_s"]
         print(json.dumps(result, indent=2))
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         stamp = result["date_utc"].replace(":", "").replace("-", "")
-        (out / f"ledger_ingest-{args.db}-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
-        (out / f"ledger_ingest-{args.db}-latest.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_json(
+            [out / f"ledger_ingest-{args.db}-{stamp}.json", out / f"ledger_ingest-{args.db}-latest.json"],
+            result,
+        )
         from django.db import connections
 
         connections.close_all()

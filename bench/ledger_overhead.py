@@ -18,66 +18,51 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import requests
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_triton import (
-    DEMO_LINEAR,
+from common import (
     REPO,
-    UNSTABLE_MARKER,
+    RESULTS_DIR,
     Server,
-    _cleanup,
-    ensure_triton,
+    SetupError,
+    cleanup,
+    create_bench_key,
     free_port_block,
-    manage,
-    parse_perf_analyzer,
+    gateway_env,
+    serve_argv,
+    wait_ready,
+    write_json,
 )
+from compare_triton import DEMO_LINEAR, UNSTABLE_MARKER, ensure_triton, parse_perf_analyzer
 
 
 def start_gateway(name: str, work: Path, ledger: bool) -> tuple[Server, str]:
-    import shutil
-
     var = work / name
     models = var / "models"
     models.mkdir(parents=True)
     shutil.copytree(DEMO_LINEAR, models / "linear")
-    env = dict(
-        os.environ,
-        CARBONLEDGER_VAR_DIR=str(var),
-        MODEL_REPOSITORY=str(models),
+    env = gateway_env(
+        var,
+        models,
         LEDGER_ENABLED="true" if ledger else "false",
         METERS="cpu-model",
         OPENBLAS_NUM_THREADS="1",
     )
-    env.pop("DATABASE_URL", None)
-    manage(env, "migrate", "--noinput")
-    manage(env, "create_organization", "bench")
-    key = manage(env, "create_api_key", "bench", "--scopes", "infer,read").strip().splitlines()[-1]
+    key = create_bench_key(env)
     port = free_port_block(1)
-    server = Server(
-        name,
-        port,
-        [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env,
-        var / "serve.log",
-    )
+    server = Server(name, port, serve_argv(port), env, var / "serve.log")
     server.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
-                return server, key
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"{name} did not become ready; see {server.log_path}")
+    try:
+        wait_ready(server, timeout_s=60.0)
+    except SetupError as exc:
+        raise SystemExit(f"{name} did not become ready: {exc}") from None
+    return server, key
 
 
 def run_pa(
@@ -100,9 +85,9 @@ def run_pa(
         "-H", f"Authorization: Bearer {key}",
     ]  # fmt: skip
     env = dict(os.environ, LD_LIBRARY_PATH=str(triton_dir / "pa_libs"))
-    # On this shared machine a window sometimes fails perf_analyzer's 20 % stability test (5 of 8 runs on
-    # 3 December evening lost a whole run to one such window): such a measurement is taken again, up to
-    # `retries` times, and the attempts are recorded. Any other failure ends the run.
+    # On a shared machine a window sometimes fails perf_analyzer's 20 % stability test, which would end the
+    # whole run: such a measurement is taken again, up to `retries` times, and the attempts are recorded.
+    # Any other failure ends the run.
     for attempt in range(1, retries + 2):
         proc = subprocess.run(
             argv, env=env, capture_output=True, text=True, timeout=8 * interval_ms / 1000 + 60
@@ -192,7 +177,7 @@ def main() -> int:
             n: sum(x["p99_ms"] for x in runs if x["server"] == n) / (2 * args.rounds) for n in ("on", "off")
         }
         # The verdict stays on the means; the medians and each round's own ratio are there to show when
-        # one window decides it (measured: one "off" window at 2,841/s among others at 4,837-5,633/s).
+        # one outlying window decides it.
         median = {
             n: statistics.median(x["throughput"] for x in runs if x["server"] == n) for n in ("on", "off")
         }
@@ -221,14 +206,14 @@ def main() -> int:
             "runs": runs,
         }
         print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
-        out = REPO / "bench" / "results"
-        out.mkdir(parents=True, exist_ok=True)
         stamp = result["date_utc"].replace(":", "").replace("-", "")
-        for name in (f"ledger_overhead-{stamp}.json", "ledger_overhead-latest.json"):
-            (out / name).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(
+            [RESULTS_DIR / f"ledger_overhead-{stamp}.json", RESULTS_DIR / "ledger_overhead-latest.json"],
+            result,
+        )
         return 0
     finally:
-        _cleanup()
+        cleanup()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from ledger_ingest import configure, drop_database  # noqa: E402
+from common import RESULTS_DIR, drop_database, setup_django, use_database, utc_stamp, write_json  # noqa: E402
 
 
 def main() -> None:
@@ -41,17 +41,16 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="cl-report-"))
-    url = configure(args.db, workdir)
-    import django
-
-    django.setup()
+    url = use_database(args.db, workdir)
+    setup_django()
     from django.core.management import call_command
     from django.db import connection
 
-    from carbonledger.carbon.rollups import rollups_update
-    from carbonledger.carbon.services import load_shipped_factors
-    from carbonledger.services import ledger_verify, organization_create
-    from carbonledger.synthetic_ledger import generate_ledger
+    from carbon.rollups import rollups_update
+    from carbon.services import load_shipped_factors
+    from demo.synthetic_ledger import generate_ledger
+    from ledger.services import ledger_verify
+    from tenancy.services import organization_create
 
     try:
         call_command("migrate", verbosity=0)
@@ -121,10 +120,7 @@ def main() -> None:
             "cpus": os.cpu_count(),
         }
         print(json.dumps(result, indent=2))
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        (ROOT / "bench" / "results" / f"report-{args.db}-{stamp}.json").write_text(
-            json.dumps(result, indent=2) + "\n"
-        )
+        write_json(RESULTS_DIR / f"report-{args.db}-{utc_stamp()}.json", result)
     finally:
         connection.close()
         if args.keep:

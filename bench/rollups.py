@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from ledger_ingest import configure, drop_database  # noqa: E402
+from common import RESULTS_DIR, drop_database, setup_django, use_database, utc_stamp, write_json  # noqa: E402
 
 
 def main() -> None:
@@ -43,26 +43,19 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="cl-rollups-"))
-    url = configure(args.db, workdir)
-    import django
-
-    django.setup()
+    url = use_database(args.db, workdir)
+    setup_django()
     from django.core.management import call_command
     from django.db import connection
     from django.db.models import Sum
 
-    from carbonledger.carbon.rollups import rollups_rebuild
-    from carbonledger.carbon.selectors import rollup_series, rollup_totals
-    from carbonledger.carbon.services import load_shipped_factors
-    from carbonledger.models import (
-        HourlyRollup,
-        LedgerBatchEnergy,
-        LedgerIdle,
-        LedgerRequest,
-        LedgerRequestEnergy,
-    )
-    from carbonledger.services import organization_create
-    from carbonledger.synthetic_ledger import generate_ledger
+    from carbon.models import HourlyRollup
+    from carbon.rollups import rollups_rebuild
+    from carbon.selectors import rollup_series, rollup_totals
+    from carbon.services import load_shipped_factors
+    from demo.synthetic_ledger import generate_ledger
+    from ledger.models import LedgerBatchEnergy, LedgerIdle, LedgerRequest, LedgerRequestEnergy
+    from tenancy.services import organization_create
 
     try:
         call_command("migrate", verbosity=0)
@@ -118,8 +111,7 @@ def main() -> None:
             "cpus": os.cpu_count(),
         }
         print(json.dumps(result, indent=2))
-        out = ROOT / "bench" / "results" / f"rollups-{args.db}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(RESULTS_DIR / f"rollups-{args.db}-{utc_stamp()}.json", result)
     finally:
         connection.close()
         if not args.keep:

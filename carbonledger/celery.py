@@ -18,13 +18,16 @@ def _configure_broker(sender: Celery, **kwargs: object) -> None:
 
     if str(settings.CELERY_BROKER_URL).startswith("filesystem://"):
         folder = settings.CELERY_BROKER_DIR
-        for sub in ("queue", "processed"):
+        # The control folder holds the broadcast exchanges (pidbox); kombu's default is ./control, in the
+        # working directory, which is the repository on `make run`.
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         sender.conf.broker_transport_options = {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
             "store_processed": False,
+            "control_folder": str(folder / "control"),
         }
     backend = str(settings.CELERY_RESULT_BACKEND)
     if backend.startswith("file://"):

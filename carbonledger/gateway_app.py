@@ -16,10 +16,16 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
+from django.utils import timezone
 
-from carbonledger import selectors
+from carbon.selectors import grid_signal
 from inference.gateway import Gateway, Principal
+from inference.meters import registry
+from inference.recorder import LedgerRecorder, RecorderOptions
 from inference.repository import GatewayOptions
+from inference.spool import Spool
+from ledger.writer import LedgerWriter, default_site
+from tenancy import selectors
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +62,6 @@ def gateway_options() -> GatewayOptions:
 
 
 def detect_meters() -> list[Any]:
-    from inference.meters import registry
-
     sources = (
         None if settings.METERS == "auto" else [s.strip() for s in settings.METERS.split(",") if s.strip()]
     )
@@ -175,11 +179,6 @@ class GridSignalService:
         self._thread: threading.Thread | None = None
 
     def refresh(self) -> None:
-        from django.utils import timezone
-
-        from carbonledger.carbon.selectors import grid_signal
-        from carbonledger.ledger_writer import default_site
-
         signal_now = grid_signal(default_site(), timezone.now())
         self.grid.update(
             None if signal_now.intensity_g_per_kwh is None else float(signal_now.intensity_g_per_kwh),
@@ -213,10 +212,6 @@ def build_gateway() -> Gateway:
     services: list[Any] = []
     admission = None
     if settings.LEDGER_ENABLED:
-        from carbonledger.ledger_writer import LedgerWriter
-        from inference.recorder import LedgerRecorder, RecorderOptions
-        from inference.spool import Spool
-
         spool = Spool(settings.SPOOL_DIR, max_backlog_bytes=settings.SPOOL_MAX_BYTES)
         spool.sync_acknowledged()  # what a drainer process already had in the database
         writer_service: Any

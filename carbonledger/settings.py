@@ -28,9 +28,15 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    # The project package: wiring, and the schema history of the models that now live in the apps below.
     "carbonledger",
+    "tenancy",
+    "ledger",
+    "carbon",
     "reports",
     "jobs",
+    "dashboard",
+    "demo",
 ]
 
 MIDDLEWARE = [
@@ -73,7 +79,7 @@ STATIC_ROOT = VAR_DIR / "static"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "carbonledger.api_auth.ApiKeyAuthentication",
+        "api.auth.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

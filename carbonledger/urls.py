@@ -1,18 +1,21 @@
+"""The URL map: the dashboard, the management REST API, the Django admin and the static files."""
+
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from carbonledger import api, manage_api, views
-from carbonledger.carbon import api as carbon_api
-from carbonledger.dashboard import views as dashboard
+from api import carbon as carbon_api
+from api import jobs as jobs_api
+from api import ledger as ledger_api
+from api import manage as manage_api
+from api import reports as reports_api
 from carbonledger.static_files import static_file
-from jobs import api as jobs_api
-from jobs import views as jobs_views
-from reports import api as reports_api
+from dashboard import jobs as jobs_views
+from dashboard import views as dashboard
 
 urlpatterns = [
-    path("", views.home, name="home"),
+    path("", dashboard.home, name="home"),
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="/accounts/login/"), name="logout"),
@@ -34,8 +37,8 @@ urlpatterns = [
     path("static/<path:path>", static_file, name="static"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
-    path("api/v1/whoami", views.whoami, name="api-whoami"),
-    path("api/v1/requests/<str:request_id>", api.ledger_request_detail, name="api-ledger-request"),
+    path("api/v1/whoami", manage_api.whoami, name="api-whoami"),
+    path("api/v1/requests/<str:request_id>", ledger_api.ledger_request_detail, name="api-ledger-request"),
     path("api/v1/organization", manage_api.organization, name="api-organization"),
     path("api/v1/api-keys", manage_api.api_keys, name="api-keys"),
     path("api/v1/api-keys/<str:prefix>/revoke", manage_api.api_key_revoke_view, name="api-key-revoke"),

@@ -50,10 +50,9 @@ COMFORTABLE = 0.8  # p99 below this share of the objective lets the safety facto
 # A p99 judged on fewer latencies is their maximum or near it, blind to the 1 % tail: no growth on less.
 MIN_TAIL_SAMPLES = 100
 # The error budget: a p99 objective lets 1 % of responses be late. The safety factor may grow only while
-# at most half of that was late over the last BUDGET_HORIZON_NS. Without it, stalls of the host every second
-# or two met a factor back at its ceiling each time, because 32 comfortable answers at 1,500 req/s take 20 ms:
-# in a slow round of bench/efficiency.py the factor fell from 0.9 to 0.2 and was back within a second, five
-# times in one 20 s cell (client p99 37.8 of 25 ms); under bench/disturb.py one cell's client p99 was 68 ms.
+# at most half of that was late over the last BUDGET_HORIZON_NS. Comfortable answers alone are no reason to
+# grow: at a high rate a few dozen of them come within milliseconds of a stall, so a host that stalls every
+# second or two would meet a factor back at its ceiling each time, and the tail would exceed the objective.
 BUDGET_SHARE = 0.01
 GROW_BELOW_SHARE = 0.5 * BUDGET_SHARE
 BUDGET_HORIZON_NS = 5_000_000_000
@@ -205,8 +204,8 @@ class EfficiencyPlanner:
         batcher's queue-to-batch-end times: they also hold decoding, response encoding and the wait for the
         event loop, which a burst of answers from a large batch lengthens. A request that arrives during
         such a burst also waits before the server sees it at all, which no server-side clock measures; the
-        p99 of ``after_batch_ns`` (about the length of a burst) stands in for that wait and is added.
-        Measured (bench/efficiency.py, 1,500 req/s, knob 1, batches of 30): server p99 23 ms, clients 26-29 ms.
+        p99 of ``after_batch_ns`` (about the length of a burst) stands in for that wait and is added: with
+        large batches at a high rate, the clients' p99 is otherwise a few milliseconds above the server's.
         """
         with self._lock:
             self._from_responses = True
@@ -273,7 +272,7 @@ class EfficiencyPlanner:
             self.safety = max(SAFETY_MIN, self.safety * SAFETY_DOWN)
             self._decided_at = None  # decide again now
             # Judge the next step on latencies served after this one: the misses still in the window would
-            # otherwise shrink the wait again and again (measured: down to the floor after a single spike).
+            # otherwise shrink the wait again and again, down to the floor after a single spike.
             self._latencies.clear()
         elif (
             p99 < COMFORTABLE * slo
@@ -372,10 +371,7 @@ class EfficiencyPlanner:
         # largest batch whose run still fits the objective after that wait. The p99 is set by the batches that
         # wait it out, and at the loads where waiting pays a good share of them do (Poisson arrivals: about
         # 30 % at 100 rows/s and best_rows 4), so the extra rows cost the p50, not the p99, and each lowers the
-        # fixed cost a row carries. Measured (bench/efficiency.py --concurrent, four paired rounds, low load,
-        # knob 1): linear's batches 3.8 -> 4.6 rows, saving 24.2 -> 29.9 %, p99 42.5 -> 42.8 ms of 50; digits'
-        # 3.6 -> 4.4 rows, 25.4 -> 30.2 %, p99 22.2 -> 22.0 ms of 25; the p50 rose from 15 to 27 ms and from 7 to
-        # 12 ms.
+        # fixed cost a row carries (bench/README.md gives the saving measured with this rule).
         fill_rows = best_rows
         while fill_rows < self.max_batch_size and wait_ns <= headroom(fill_rows + 1):
             fill_rows += 1

@@ -85,3 +85,12 @@ class BackendUnavailable(InferenceError):
 class ShuttingDown(InferenceError):
     status = 503
     reason = "CANCELED"
+
+
+class KeyStoreUnavailable(InferenceError):
+    """The API key store cannot be reached and the key has no earlier answer to fall back on."""
+
+    status = 503
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", b"1")]

@@ -6,7 +6,7 @@ its device's accountant, and stamps each request with its ledger id. A timer thr
 every meter about once a second (and batch ends read it too when the last reading is older
 than ``boundary_min_interval_s``), closes intervals, and spools each interval, its idle line
 and each batch's share with its split over the batch's requests. Nothing here touches the
-database: the ledger writer drains the spool (carbonledger/ledger_writer.py).
+database: the ledger writer drains the spool (ledger/writer.py).
 """
 
 from __future__ import annotations

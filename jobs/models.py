@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from carbonledger.models import ApiKey, Organization, Site
+from tenancy.models import ApiKey, Organization, Site
 
 
 class Job(models.Model):

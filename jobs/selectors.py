@@ -11,31 +11,22 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Max, Sum
+from django.db.models import Max, QuerySet, Sum
 
-from carbonledger import co2e
-from carbonledger.carbon.selectors import PueHistory, factor_owners, factor_set, provider_forecast
-from carbonledger.intensity_providers import IntensityProvider
-from carbonledger.ledger_selectors import request_energy_parts
-from carbonledger.models import (
-    Device,
-    EmissionFactor,
-    FactorImport,
-    LedgerAdjustment,
-    LedgerRequest,
-    Site,
-)
+from carbon import co2e
+from carbon.inputs import hour_consumption
+from carbon.models import EmissionFactor, FactorImport
+from carbon.providers import IntensityProvider
+from carbon.selectors import PueHistory, factor_owners, factor_set, provider_forecast
 from jobs import planning
+from jobs.emissions import JobEmissions, JobFigures
 from jobs.models import Job, JobOutput
+from ledger.models import LedgerAdjustment, LedgerRequest
+from ledger.selectors import request_energy_parts
+from tenancy.models import Device, Site
 
 _MAX_PK = 2**63 - 1
 _HOUR_NS = 3_600_000_000_000
-#: CO2e figures of a job are small (a few requests): shown to the microgram, half-even.
-CO2E_QUANTUM_G = Decimal("0.000001")
-COUNTERFACTUAL_LABEL = (
-    "estimate outside the inventory: the same energy had the job run at submission, valued at the "
-    "submission hour's factor and PUE; not a reported emission"
-)
 
 
 def jobs_of(organization_id: int, limit: int = 200) -> list[Job]:
@@ -156,49 +147,67 @@ def intensity_outlook(
 # -- emissions ---------------------------------------------------------------------------------------
 
 
-def _g(value: Decimal) -> str:
-    return str(co2e.report_g(value, CO2E_QUANTUM_G))
+@dataclass(frozen=True)
+class _RequestEnergy:
+    device_id: str
+    started_ns: int
+    energy_uj: int  # its parts and adjusting entries
 
 
-def _pending(reason: str, **extra: Any) -> dict[str, Any]:
-    return {"status": "pending", "energy": "pending", "reason": reason, **extra}
+# (site pk, UTC hour, relative uncertainty of the meter): the requests valued together.
+_Group = tuple[int, datetime, Decimal]
 
 
-def job_emissions(job: Job) -> dict[str, Any]:
+def _note(notes: list[str], note: str) -> None:
+    if note not in notes:
+        notes.append(note)
+
+
+def job_emissions(job: Job) -> JobEmissions:
     """The job's emissions from the ledger: each request's energy (its parts, once a final part says its
     batch is fully allocated, plus adjusting entries) in the hour its batch started, times the PUE of the
     serving device's site at that hour, times the factor of the site's zone and hour (location-based, via
-    :func:`carbonledger.co2e.location_based`). With it, the counterfactual estimate at the submission hour."""
+    :func:`carbon.co2e.location_based`). With it, the counterfactual estimate at the submission hour."""
     if job.status in (Job.Status.QUEUED, Job.Status.SCHEDULED):
-        return _pending("the job has not run yet")
+        return JobEmissions.pending("the job has not run yet")
     if job.status == Job.Status.RUNNING:
-        return _pending("the job is running")
+        return JobEmissions.pending("the job is running")
     outputs = JobOutput.objects.filter(job=job)
     answered = outputs.count()
     if answered == 0:
-        return {"status": "not available", "reason": "no request of the job was answered"}
+        return JobEmissions.not_available("no request of the job was answered")
     without_id = outputs.filter(ledger_id="").count()
     if without_id:
-        return {
-            "status": "not available",
-            "reason": f"{without_id} answer(s) carry no parameters.ledger_id (was the ledger off?)",
-        }
-    ids = outputs.values("ledger_id")
+        return JobEmissions.not_available(
+            f"{without_id} answer(s) carry no parameters.ledger_id (was the ledger off?)"
+        )
+    failed_note = (
+        f"the job failed: {answered} of {job.request_count} requests were answered"
+        if job.status == Job.Status.FAILED
+        else ""
+    )
+    energy = _request_energy(outputs.values("ledger_id"), answered, failed_note)
+    if isinstance(energy, JobEmissions):
+        return energy
+    notes: list[str] = []
+    return _valued(job, answered, _groups(job, energy, notes), notes, failed_note)
+
+
+def _request_energy(
+    ids: QuerySet[JobOutput, dict[str, Any]], answered: int, failed_note: str
+) -> list[_RequestEnergy] | JobEmissions:
+    """Each answered request's energy, or why it is still pending: the ledger's writer has not drained every
+    request yet, or a request's batch has no final energy part (its metering intervals are open)."""
     requests = list(
         LedgerRequest.objects.filter(request_id__in=ids).values_list(
             "request_id", "device_id", "started_ns", "batch_id"
         )
     )
-    partial = {
-        "partial": True,
-        "note": f"the job failed: {answered} of {job.request_count} requests were answered",
-    }
-    extra = partial if job.status == Job.Status.FAILED else {}
     if len(requests) < answered:
-        return _pending(
+        return JobEmissions.pending(
             f"{answered - len(requests)} of {answered} requests are not in the ledger yet (its writer drains the "
             "gateway's spool)",
-            **extra,
+            failed_note,
         )
     parts = {
         rid: (sum(p.energy_uj for p in ps), sum(1 for p in ps if p.final))
@@ -206,9 +215,9 @@ def job_emissions(job: Job) -> dict[str, Any]:
     }
     open_requests = sum(1 for r in requests if parts.get(r[0], (0, 0))[1] == 0)
     if open_requests:
-        return _pending(
+        return JobEmissions.pending(
             f"energy pending: the metering intervals of {open_requests} of {answered} requests have not closed yet",
-            **extra,
+            failed_note,
         )
     adjustments = dict(
         LedgerAdjustment.objects.filter(target_kind="request", target_id__in=ids)
@@ -216,64 +225,77 @@ def job_emissions(job: Job) -> dict[str, Any]:
         .annotate(delta=Sum("energy_delta_uj"))
         .values_list("target_id", "delta")
     )
+    return [
+        _RequestEnergy(device_id, started_ns, parts[rid][0] + adjustments.get(rid, 0))
+        for rid, device_id, started_ns, _batch_id in requests
+    ]
+
+
+def _groups(job: Job, requests: list[_RequestEnergy], notes: list[str]) -> dict[_Group, int]:
+    """The requests' energy summed per site of the serving device (the job's site for a device placed in
+    none), UTC hour their batch started, and meter uncertainty."""
     devices = {
         d["device_id"]: d
-        for d in Device.objects.filter(device_id__in={r[1] for r in requests}).values(
+        for d in Device.objects.filter(device_id__in={r.device_id for r in requests}).values(
             "device_id", "site_id", "relative_uncertainty"
         )
     }
-    notes: list[str] = []
-    groups: dict[tuple[int, datetime, Decimal], int] = defaultdict(int)
-    for rid, device_id, started_ns, _batch_id in requests:
-        device = devices.get(device_id)
+    groups: dict[_Group, int] = defaultdict(int)
+    for request in requests:
+        device = devices.get(request.device_id)
         site_id = device["site_id"] if device is not None and device["site_id"] is not None else job.site_id
         if device is None or device["site_id"] is None:
-            note = f"device {device_id} is placed in no site: the job's site {job.site_id} was used"
-            if note not in notes:
-                notes.append(note)
+            _note(
+                notes,
+                f"device {request.device_id} is placed in no site: the job's site {job.site_id} was used",
+            )
         meter = Decimal(str(device["relative_uncertainty"])) if device is not None else Decimal(0)
-        hour = datetime.fromtimestamp((started_ns // _HOUR_NS) * 3600, UTC)
-        groups[(site_id, hour, meter)] += parts[rid][0] + adjustments.get(rid, 0)
+        hour = datetime.fromtimestamp((request.started_ns // _HOUR_NS) * 3600, UTC)
+        groups[(site_id, hour, meter)] += request.energy_uj
+    return groups
+
+
+def _consumption(
+    site: Site, hour: datetime, energy_uj: int, meter: Decimal, pue: PueHistory, notes: list[str]
+) -> co2e.Consumption:
+    """Energy of the job's requests at ``site`` in ``hour``. Not :func:`carbon.inputs.rollup_consumption`:
+    it starts from the ledger's energy per site, hour and meter rather than a rollup row, falls back on the
+    site's current PUE where no record exists (the rollups create one first), and is tagged by site; the
+    conversion of the hour's energy itself is the rollups' (:func:`carbon.inputs.hour_consumption`)."""
+    record = pue.at(site.pk, hour)
+    if record is None:
+        _note(notes, f"site {site.name} has no PUE record: its current PUE {site.pue} was used")
+        factor_pue, pue_uncertainty = Decimal(site.pue), Decimal(0)
+    else:
+        factor_pue, pue_uncertainty = Decimal(record.pue), Decimal(record.relative_uncertainty)
+    return hour_consumption(
+        site,
+        hour,
+        energy_uj,
+        pue=factor_pue,
+        pue_relative_uncertainty=pue_uncertainty,
+        meter_relative_uncertainty=meter,
+        tag=str(site.pk),
+    )
+
+
+def _valued(
+    job: Job, answered: int, groups: dict[_Group, int], notes: list[str], failed_note: str
+) -> JobEmissions:
+    """The groups valued in their hours (the inventory) and, together per site, at the submission hour (the
+    counterfactual estimate)."""
     sites = {s.pk: s for s in Site.objects.filter(pk__in={k[0] for k in groups} | {job.site_id})}
     pue = PueHistory(sites)
     submission_hour = planning.floor_hour(job.submitted_at)
-
-    def pue_at(site: Site, hour: datetime) -> tuple[Decimal, Decimal]:
-        record = pue.at(site.pk, hour)
-        if record is None:
-            note = f"site {site.name} has no PUE record: its current PUE {site.pue} was used"
-            if note not in notes:
-                notes.append(note)
-            return Decimal(site.pue), Decimal(0)
-        return Decimal(record.pue), Decimal(record.relative_uncertainty)
-
-    def consumption(site: Site, hour: datetime, energy_uj: int, meter: Decimal) -> co2e.Consumption:
-        factor_pue, pue_unc = pue_at(site, hour)
-        return co2e.Consumption(
-            site_id=str(site.pk),
-            zone=site.zone,
-            start=hour,
-            end=hour + planning.HOUR,
-            energy_j=Decimal(energy_uj).scaleb(-6),
-            pue=factor_pue,
-            pue_relative_uncertainty=pue_unc,
-            meter_relative_uncertainty=meter,
-            scope_category=site.scope_category,  # type: ignore[arg-type]
-            tag=f"{site.pk}",
-        )
-
     consumptions: list[co2e.Consumption] = []
     energy_by_site: dict[int, int] = defaultdict(int)
     for (site_id, hour, meter), energy_uj in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         energy_by_site[site_id] += energy_uj
         if energy_uj < 0:
-            return {
-                "status": "not available",
-                "reason": f"negative energy after adjustments ({energy_uj} µJ)",
-            }
-        consumptions.append(consumption(sites[site_id], hour, energy_uj, meter))
+            return JobEmissions.not_available(f"negative energy after adjustments ({energy_uj} µJ)")
+        consumptions.append(_consumption(sites[site_id], hour, energy_uj, meter, pue, notes))
     counterfactual_consumptions = [
-        consumption(sites[site_id], submission_hour, energy_uj, Decimal(0))
+        _consumption(sites[site_id], submission_hour, energy_uj, Decimal(0), pue, notes)
         for site_id, energy_uj in sorted(energy_by_site.items())
     ]
     hours = [c.start for c in consumptions] + [submission_hour]
@@ -284,59 +306,14 @@ def job_emissions(job: Job) -> dict[str, Any]:
         actual = co2e.location_based(consumptions, factors.all())
         counterfactual = co2e.location_based(counterfactual_consumptions, factors.all())
     except (co2e.NoFactor, co2e.AmbiguousFactor, ValueError) as exc:
-        return {"status": "not available", "reason": str(exc), **extra}
-    total_uj = sum(energy_by_site.values())
-    used = {u.factor.factor_id: u.factor for u in (*actual.factors_used, *counterfactual.factors_used)}
-    return {
-        "status": "final",
-        "energy": "final",
-        "method": "location-based (GHG Protocol Scope 2): IT energy x PUE of the site at the hour x grid factor "
-        "of the zone and hour",
-        "requests": answered,
-        "energy_j": str(Decimal(total_uj).scaleb(-6)),
-        "facility_energy_kwh": str(actual.total.energy_kwh.quantize(Decimal("1E-12"))),
-        "co2e_g": _g(actual.total.co2e_g),
-        "uncertainty_g": _g(actual.total.uncertainty_g),
-        "hours": [
-            {
-                "hour": line.consumption.start.isoformat(),
-                "site": sites[int(line.consumption.site_id)].name,
-                "zone": line.consumption.zone,
-                "energy_j": str(line.consumption.energy_j),
-                "pue": str(line.consumption.pue),
-                "intensity_g_per_kwh": str(line.choice.factor.intensity_g_per_kwh),
-                "factor_id": line.choice.factor.factor_id,
-                "factor_match": line.choice.match,
-                "factor_notes": list(line.choice.notes),
-                "co2e_g": _g(line.co2e_g),
-            }
-            for line in actual.lines
-        ],
-        "factors": [
-            {"factor_id": f.factor_id, "source": f.source, "licence": f.licence, "basis": f.basis}
-            for f in used.values()
-        ],
-        "notes": notes,
-        "counterfactual": {
-            "label": COUNTERFACTUAL_LABEL,
-            "estimate": True,
-            "in_inventory": False,
-            "hour": submission_hour.isoformat(),
-            "lines": [
-                {
-                    "site": sites[int(line.consumption.site_id)].name,
-                    "zone": line.consumption.zone,
-                    "energy_j": str(line.consumption.energy_j),
-                    "pue": str(line.consumption.pue),
-                    "intensity_g_per_kwh": str(line.choice.factor.intensity_g_per_kwh),
-                    "factor_id": line.choice.factor.factor_id,
-                    "factor_match": line.choice.match,
-                    "co2e_g": _g(line.co2e_g),
-                }
-                for line in counterfactual.lines
-            ],
-            "co2e_g": _g(counterfactual.total.co2e_g),
-            "avoided_co2e_g": _g(counterfactual.total.co2e_g - actual.total.co2e_g),
-        },
-        **extra,
-    }
+        return JobEmissions.not_available(str(exc), failed_note)
+    figures = JobFigures(
+        requests=answered,
+        energy_uj=sum(energy_by_site.values()),
+        actual=actual,
+        counterfactual=counterfactual,
+        submission_hour=submission_hour,
+        site_names={str(pk): s.name for pk, s in sites.items()},
+        notes=tuple(notes),
+    )
+    return JobEmissions("final", failed_note=failed_note, figures=figures)

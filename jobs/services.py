@@ -25,13 +25,15 @@ from django.db import transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from carbonledger.ledger_writer import default_site
-from carbonledger.models import Organization
-from carbonledger.services import ServiceError, api_key_create, api_key_revoke
+from carbon.provider_config import configured_providers
 from jobs import planning, selectors
 from jobs.gateway_client import GatewayClient, InferAnswer, infer_path
 from jobs.inputs import JobInputError, JobLine, model_spec, parse_job_file, split_job_file
 from jobs.models import Job, JobOutput
+from ledger.writer import default_site
+from tenancy.models import Organization
+from tenancy.queue import task_named
+from tenancy.services import ServiceError, api_key_create, api_key_revoke
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +49,7 @@ def _aware(value: datetime, name: str) -> datetime:
 
 
 def _dispatch(job_id: int, eta: datetime | None = None) -> None:
-    from jobs.tasks import run_job
-
+    run_job = task_named("jobs.run")
     try:
         if eta is None:
             run_job.delay(job_id)
@@ -66,8 +67,6 @@ def _queue(job: Job) -> None:
 def _providers() -> list[Any]:
     if not settings.INTENSITY_PROVIDERS:
         return []
-    from carbonledger.carbon.services import configured_providers
-
     try:
         return list(configured_providers())
     except Exception as exc:  # a misconfigured provider must not stop submissions; the series is used

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from carbonledger.models import Organization
+from tenancy.models import Organization
 
 
 class ReportingProfile(models.Model):

@@ -11,12 +11,14 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
-from carbonledger.models import HourlyRollup, Organization
-from carbonledger.services import ServiceError
+from carbon.models import HourlyRollup
 from reports.models import Report, ReportFile
 from reports.pdf import html_to_pdf
 from reports.render import render_csv, render_html, render_json
 from reports.snapshot import ReportFailure, ReportProgress, build_snapshot
+from tenancy.models import Organization
+from tenancy.queue import task_named
+from tenancy.services import ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +26,8 @@ ACTIVE = (Report.Status.QUEUED, Report.Status.RUNNING)
 
 
 def _send(report_id: int) -> None:
-    from reports.tasks import generate_report
-
     try:
-        generate_report.delay(report_id)
+        task_named("reports.generate").delay(report_id)
     except Exception:  # the broker is down: the report stays queued and reports_recover sends it again
         log.exception("report %s could not be sent to the broker; it will be sent again", report_id)
 

@@ -12,6 +12,7 @@ import hashlib
 import os
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -19,18 +20,13 @@ from typing import Any
 
 import orjson
 
-from carbonledger import co2e
-from carbonledger.carbon.selectors import CarbonSummary, carbon_summary, factor_attributions, rollup_series
-from carbonledger.models import (
-    ChainOrganization,
-    ContractualInstrument,
-    FactorImport,
-    LedgerChain,
-    LedgerVerification,
-    Organization,
-)
-from carbonledger.services import ledger_verify
+from carbon import co2e
+from carbon.models import ContractualInstrument, FactorImport
+from carbon.selectors import CarbonSummary, carbon_summary, factor_attributions, rollup_series
+from ledger.models import ChainOrganization, LedgerChain, LedgerVerification
+from ledger.services import ledger_verify
 from reports.models import Report, ReportingProfile
+from tenancy.models import Organization
 
 SCHEMA = "carbonledger.ghg-report/1"
 STANDARD = "ISO 14064-1:2018 (quantification and reporting of GHG emissions at the organization level)"
@@ -118,47 +114,257 @@ def profile_of(organization: Organization) -> ReportingProfile:
     return profile
 
 
-def _ledger(report: Report, progress: ReportProgress) -> dict[str, Any]:
+# ---------------------------------------------------------------------------------------------------------
+# The pipeline
+# ---------------------------------------------------------------------------------------------------------
+
+
+def build_snapshot(report: Report, progress: ReportProgress) -> dict[str, Any]:
+    """Freeze everything the report prints. Raises :class:`ReportFailure` with a readable reason.
+
+    Three steps: :func:`gather` reads the database, :func:`compute` derives the figures from what was read,
+    :func:`format_snapshot` writes them as the dict the files are rendered from.
+    """
+    sources = gather(report, progress)
+    return format_snapshot(sources, compute(sources))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Gather: every database read (and the ledger verification the report runs first)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChainState:
+    """A ledger chain holding the organization's records, with its latest verification and latest full one."""
+
+    chain: LedgerChain
+    latest: LedgerVerification | None
+    last_full: LedgerVerification | None
+
+    @property
+    def problem(self) -> str:
+        """What the latest verification, else the latest full one, found broken; empty when intact."""
+        found = [v.problem for v in (self.latest, self.last_full) if v is not None and v.problem]
+        return found[0] if found else ""
+
+
+@dataclass(frozen=True)
+class SnapshotSources:
+    """Everything a snapshot is made from, as read at generation."""
+
+    report: Report
+    profile: ReportingProfile
+    start: datetime
+    end: datetime
+    chains: list[ChainState]
+    summary: CarbonSummary
+    factor_imports: dict[int, FactorImport]
+    instruments: list[ContractualInstrument]
+    trend: list[dict[str, Any]]  # rollup_series points, by month, of the twelve months up to the period's end
+    base: CarbonSummary | None  # the base year's inventory; None until a base year is chosen
+    attribution: list[dict[str, str]]
+    generated_at: datetime
+    code_version: str
+
+
+def gather(report: Report, progress: ReportProgress) -> SnapshotSources:
+    """Read what the snapshot needs, telling ``progress`` as each stage starts.
+
+    Stops with :class:`ReportFailure` at the first input that rules the report out (a reversed period, a
+    broken chain not accepted, emissions that cannot be computed): nothing after it is read.
+    """
+    org = report.organization
+    profile = profile_of(org)
+    start, end = _period(report)
     progress(15, "verifying the ledger's hash chains")
+    chains = _verified_chains(org)
+    _refuse_broken_chain(chains, accept_broken=report.accept_broken_chain)
+    progress(35, "computing location- and market-based emissions")
+    summary = _summary(org, start, end)
+    progress(55, "collecting factors, PUE records, instruments and breakdowns")
+    return SnapshotSources(
+        report=report,
+        profile=profile,
+        start=start,
+        end=end,
+        chains=chains,
+        summary=summary,
+        factor_imports=_factor_imports(summary),
+        instruments=list(ContractualInstrument.objects.filter(organization=org).order_by("instrument_id")),
+        trend=rollup_series(org.pk, _trend_start(report.period_end), end, "month"),
+        base=_base_year_summary(org, profile),
+        attribution=factor_attributions(_factor_ids(summary)),
+        generated_at=datetime.now(UTC),
+        code_version=code_version(),
+    )
+
+
+def _period(report: Report) -> tuple[datetime, datetime]:
+    start = datetime(report.period_start.year, report.period_start.month, report.period_start.day, tzinfo=UTC)
+    end = datetime(report.period_end.year, report.period_end.month, report.period_end.day, tzinfo=UTC)
+    if start >= end:
+        raise ReportFailure(
+            f"the period start {report.period_start} is not before its end {report.period_end}"
+        )
+    return start, end
+
+
+def _verified_chains(organization: Organization) -> list[ChainState]:
+    """Verify the ledger (what is new since the last verification), then read the organization's chains."""
     ledger_verify()
-    chains = []
+    chains: list[ChainState] = []
     # Only the chains holding the organization's records: another organization's chains (their ids, heads,
     # and whether they are intact) are none of this report's business.
-    own = ChainOrganization.objects.filter(organization=report.organization).values("chain_id")
+    own = ChainOrganization.objects.filter(organization=organization).values("chain_id")
     for chain in LedgerChain.objects.filter(pk__in=own).order_by("chain_id"):
         latest = LedgerVerification.objects.filter(chain=chain).order_by("-finished_at", "-id").first()
         last_full = (
             LedgerVerification.objects.filter(chain=chain, from_seq=0).order_by("-finished_at", "-id").first()
         )
-        broken = [v.problem for v in (latest, last_full) if v is not None and v.problem]
-        chains.append(
-            {
-                "chain_id": chain.chain_id,
-                "head_seq": chain.head_seq,
-                "head_hash": chain.head_hash,
-                "verified_to_seq": latest.seq if latest is not None else 0,
-                "verified_at": latest.finished_at.isoformat() if latest is not None else None,
-                "verified_from_seq_at_generation": latest.from_seq if latest is not None else 0,
-                "last_full_verification_at": last_full.finished_at.isoformat() if last_full else None,
-                "intact": not broken,
-                "problem": broken[0] if broken else "",
-            }
-        )
-    intact = all(c["intact"] for c in chains)
-    if not intact and not report.accept_broken_chain:
-        first = next(c for c in chains if not c["intact"])
+        chains.append(ChainState(chain=chain, latest=latest, last_full=last_full))
+    return chains
+
+
+def _refuse_broken_chain(chains: list[ChainState], *, accept_broken: bool) -> None:
+    broken = [c for c in chains if c.problem]
+    if broken and not accept_broken:
+        first = broken[0]
         raise ReportFailure(
-            f"the ledger chain {first['chain_id']} is broken ({first['problem']}); the report is not generated "
+            f"the ledger chain {first.chain.chain_id} is broken ({first.problem}); the report is not generated "
             "unless it is asked for with accept_broken_chain"
         )
-    return {"chains": chains, "intact": intact, "accepted_broken": not intact}
 
 
-def _breakdown(summary: CarbonSummary) -> list[dict[str, Any]]:
-    """Per site x model x month x metering method: requests, energies and CO2e of both methods."""
-    groups: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+def _summary(organization: Organization, start: datetime, end: datetime) -> CarbonSummary:
+    try:
+        return carbon_summary(organization.pk, start, end)
+    except (co2e.NoFactor, co2e.AmbiguousFactor, ValueError, TypeError, ArithmeticError) as exc:
+        raise ReportFailure(f"the emissions cannot be computed: {exc}") from exc
 
-    def group(tag: str) -> dict[str, Any]:
+
+def _factor_ids(summary: CarbonSummary) -> list[int]:
+    return sorted(int(fid) for fid in summary.factor_records)
+
+
+def _factor_imports(summary: CarbonSummary) -> dict[int, FactorImport]:
+    """The versions (imports) of the factors the summary used, by id."""
+    wanted = {r["factor_import_id"] for r in summary.factor_records.values()}
+    return {i.pk: i for i in FactorImport.objects.filter(pk__in=wanted)}
+
+
+def _month_start(day: date) -> datetime:
+    return datetime(day.year, day.month, 1, tzinfo=UTC)
+
+
+def _trend_start(period_end: date) -> datetime:
+    """The start of the twelve calendar months that end with the period's last month."""
+    trend_start = _month_start(period_end - timedelta(days=1))
+    for _ in range(11):
+        trend_start = _month_start((trend_start - timedelta(days=1)).date())
+    return trend_start
+
+
+def _base_year_summary(organization: Organization, profile: ReportingProfile) -> CarbonSummary | None:
+    # Unlike the period's own summary, a failure here is no ReportFailure: the run records an unexpected error.
+    if profile.base_year is None:
+        return None
+    start = datetime(profile.base_year, 1, 1, tzinfo=UTC)
+    end = datetime(profile.base_year + 1, 1, 1, tzinfo=UTC)
+    return carbon_summary(organization.pk, start, end)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compute: the figures, at full precision, from what was gathered (no database)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MethodShare:
+    """IT energy metered by one method, and its share of all IT energy (None when there is none)."""
+
+    method: str
+    energy_uj: int
+    share: Decimal | None
+
+
+@dataclass
+class BreakdownGroup:
+    """Requests, energies and CO2e of both methods of one site x model x month x metering method."""
+
+    site: str
+    zone: str
+    iso_category: str
+    model: str
+    month: str
+    metering_method: str
+    requests: int = 0
+    it_energy_uj: int = 0
+    idle_energy_uj: int = 0
+    facility_energy_kwh: Decimal = Decimal(0)
+    location_co2e_g: Decimal = Decimal(0)
+    market_co2e_g: Decimal = Decimal(0)
+    rows: set[str] = field(default_factory=set)  # the rollup rows counted (by tag): each once
+
+
+@dataclass(frozen=True)
+class BaseYearFigures:
+    """The base year's totals, for the comparison the report prints."""
+
+    year: int
+    location_co2e_g: Decimal
+    market_co2e_g: Decimal
+    requests: int
+    location_g_per_1000_requests: Decimal | None
+
+
+@dataclass(frozen=True)
+class SnapshotFigures:
+    """What the snapshot states beyond the summary's own results."""
+
+    ledger_intact: bool
+    by_method: list[MethodShare]
+    measured_share: Decimal | None  # None when there is no energy
+    j_per_inference: Decimal | None  # None when there are no requests
+    g_per_1000_requests: tuple[Decimal, Decimal] | None  # (location, market); None when there are no requests
+    breakdown: list[BreakdownGroup]
+    base_year: BaseYearFigures | None
+    departures: list[str]
+    factor_notes: list[str]
+
+
+def compute(sources: SnapshotSources) -> SnapshotFigures:
+    """The figures the snapshot prints beyond the summary's own, at full precision; rounding is the format's."""
+    summary = sources.summary
+    requests = summary.requests
+    return SnapshotFigures(
+        ledger_intact=all(not c.problem for c in sources.chains),
+        by_method=[
+            MethodShare(method, uj, Decimal(uj) / Decimal(summary.energy_uj) if summary.energy_uj else None)
+            for method, uj in sorted(summary.energy_uj_by_method.items())
+        ],
+        measured_share=Decimal(summary.measured_uj) / Decimal(summary.energy_uj)
+        if summary.energy_uj
+        else None,
+        j_per_inference=Decimal(summary.energy_uj - summary.idle_uj) / requests / 10**6 if requests else None,
+        g_per_1000_requests=(
+            summary.location.total.co2e_g * 1000 / requests,
+            summary.market.total.co2e_g * 1000 / requests,
+        )
+        if requests
+        else None,
+        breakdown=_breakdown(summary),
+        base_year=_base_year(sources.profile, sources.base),
+        departures=_departures(sources.profile, summary),
+        factor_notes=sorted({note for use in summary.location.factors_used for note in use.notes}),
+    )
+
+
+def _breakdown(summary: CarbonSummary) -> list[BreakdownGroup]:
+    """The result lines summed per site x model x month x metering method, in that order."""
+    groups: dict[tuple[str, str, str, str], BreakdownGroup] = {}
+
+    def group(tag: str) -> BreakdownGroup:
         row = summary.rows[tag]
         site = summary.sites.get(row.site_id) if row.site_id is not None else None
         key = (
@@ -169,89 +375,183 @@ def _breakdown(summary: CarbonSummary) -> list[dict[str, Any]]:
         )
         held = groups.get(key)
         if held is None:
-            held = groups[key] = {
-                "site": key[0],
-                "zone": site.zone if site is not None else "",
-                "iso_category": co2e.ISO_14064_CATEGORY[site.scope_category] if site is not None else "",
-                "model": key[1],
-                "month": key[2],
-                "metering_method": key[3],
-                "requests": 0,
-                "it_energy_uj": 0,
-                "idle_energy_uj": 0,
-                "facility_energy_kwh": Decimal(0),
-                "location_co2e_g": Decimal(0),
-                "market_co2e_g": Decimal(0),
-                "_rows": set(),
-            }
-        if tag not in held["_rows"]:
-            held["_rows"].add(tag)
-            held["requests"] += row.requests
-            held["it_energy_uj"] += row.energy_uj
+            held = groups[key] = BreakdownGroup(
+                site=key[0],
+                zone=site.zone if site is not None else "",
+                iso_category=co2e.ISO_14064_CATEGORY[site.scope_category] if site is not None else "",
+                model=key[1],
+                month=key[2],
+                metering_method=key[3],
+            )
+        # A rollup row has several lines (an hour split over instruments and the residual mix): count it once.
+        if tag not in held.rows:
+            held.rows.add(tag)
+            held.requests += row.requests
+            held.it_energy_uj += row.energy_uj
             if row.kind == "idle":
-                held["idle_energy_uj"] += row.energy_uj
+                held.idle_energy_uj += row.energy_uj
         return held
 
     for line in summary.location.lines:
         held = group(line.consumption.tag)
-        held["facility_energy_kwh"] += line.energy_kwh
-        held["location_co2e_g"] += line.co2e_g
+        held.facility_energy_kwh += line.energy_kwh
+        held.location_co2e_g += line.co2e_g
     for mline in summary.market.lines:
-        group(mline.consumption.tag)["market_co2e_g"] += mline.co2e_g
-    out = []
-    for key in sorted(groups):
-        held = groups[key]
-        out.append(
-            {
-                "site": held["site"],
-                "zone": held["zone"],
-                "iso_category": held["iso_category"],
-                "model": held["model"],
-                "month": held["month"],
-                "metering_method": held["metering_method"],
-                "requests": held["requests"],
-                "it_energy_kwh": _kwh_from_uj(held["it_energy_uj"]),
-                "idle_energy_kwh": _kwh_from_uj(held["idle_energy_uj"]),
-                "facility_energy_kwh": _s(co2e.report_kwh(held["facility_energy_kwh"])),
-                "location_co2e_g": _g(held["location_co2e_g"]),
-                "market_co2e_g": _g(held["market_co2e_g"]),
-            }
+        group(mline.consumption.tag).market_co2e_g += mline.co2e_g
+    return [groups[key] for key in sorted(groups)]
+
+
+def _base_year(profile: ReportingProfile, base: CarbonSummary | None) -> BaseYearFigures | None:
+    if profile.base_year is None or base is None:
+        return None
+    return BaseYearFigures(
+        year=profile.base_year,
+        location_co2e_g=base.location.total.co2e_g,
+        market_co2e_g=base.market.total.co2e_g,
+        requests=base.requests,
+        location_g_per_1000_requests=base.location.total.co2e_g * 1000 / base.requests
+        if base.requests
+        else None,
+    )
+
+
+def _departures(profile: ReportingProfile, summary: CarbonSummary) -> list[str]:
+    """Where the report departs from ISO 14064-1, each in a sentence."""
+    departures: list[str] = []
+    if not profile.responsible_person:
+        departures.append(
+            "No responsible person is named in the organization's reporting profile (§9.3.1 b)."
         )
-    return out
+    if profile.base_year is None:
+        departures.append("No base year has been chosen yet (§6.4.1); no base-year comparison is given.")
+    lifecycle = [r for r in summary.factor_records.values() if r["basis"] == "lifecycle"]
+    if lifecycle:
+        departures.append(
+            f"{len(lifecycle)} location-based factor(s) are lifecycle factors (upstream emissions included) where "
+            "Category 2 calls for direct factors; they are labelled in the factor table."
+        )
+    if summary.not_valued:
+        departures.append(
+            f"{len(summary.not_valued)} hour(s) of energy could not be valued and are excluded from the totals: "
+            + "; ".join(sorted({str(n["why"]) for n in summary.not_valued}))
+        )
+    return departures
 
 
-def _month_start(day: date) -> datetime:
-    return datetime(day.year, day.month, 1, tzinfo=UTC)
+# ---------------------------------------------------------------------------------------------------------
+# Format: the snapshot dict, numbers as decimal strings
+# ---------------------------------------------------------------------------------------------------------
 
 
-def build_snapshot(report: Report, progress: ReportProgress) -> dict[str, Any]:
-    """Freeze everything the report prints. Raises :class:`ReportFailure` with a readable reason."""
+def format_snapshot(sources: SnapshotSources, figures: SnapshotFigures) -> dict[str, Any]:
+    """The snapshot as stored and rendered: every number a decimal string, rounded for the report."""
+    report, profile = sources.report, sources.profile
     org = report.organization
-    profile = profile_of(org)
-    start = datetime(report.period_start.year, report.period_start.month, report.period_start.day, tzinfo=UTC)
-    end = datetime(report.period_end.year, report.period_end.month, report.period_end.day, tzinfo=UTC)
-    if start >= end:
-        raise ReportFailure(
-            f"the period start {report.period_start} is not before its end {report.period_end}"
-        )
-    ledger = _ledger(report, progress)
-
-    progress(35, "computing location- and market-based emissions")
-    try:
-        summary = carbon_summary(org.pk, start, end)
-    except (co2e.NoFactor, co2e.AmbiguousFactor, ValueError, TypeError, ArithmeticError) as exc:
-        raise ReportFailure(f"the emissions cannot be computed: {exc}") from exc
-
-    progress(55, "collecting factors, PUE records, instruments and breakdowns")
-    factor_ids = sorted(int(fid) for fid in summary.factor_records)
-    imports = {
-        i.pk: i
-        for i in FactorImport.objects.filter(
-            pk__in={r["factor_import_id"] for r in summary.factor_records.values()}
-        )
+    inputs = _inputs(sources, figures)
+    return {
+        "schema": SCHEMA,
+        "report": {
+            "id": report.pk,
+            "kind": report.kind,
+            "requested_by": report.requested_by,
+            "replaces": report.replaces_id,
+            "replacement_reason": report.replacement_reason,
+        },
+        "generated_at": sources.generated_at.isoformat(timespec="seconds"),
+        "code_version": sources.code_version,
+        "organization": {
+            "slug": org.slug,
+            "name": org.name,
+            "description": profile.description or f"{org.name}: machine-learning inference services.",
+            "responsible_person": profile.responsible_person or "not named",
+        },
+        "period": {"start": report.period_start.isoformat(), "end_exclusive": report.period_end.isoformat()},
+        "boundaries": {
+            "consolidation_approach": profile.consolidation_approach,
+            "reporting_boundary": profile.reporting_boundary,
+            "significance_threshold_percent": _s(profile.significance_threshold_percent),
+            "sites": _sites(sources.summary),
+        },
+        "inputs": inputs,
+        "inputs_sha256": sha256_json(inputs),
+        "results": _results(sources, figures),
+        "statements": _statements(sources, figures),
     }
-    factors = []
-    for fid in factor_ids:
+
+
+def _sites(summary: CarbonSummary) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": site.name,
+            "zone": site.zone,
+            "electricity": site.electricity,
+            "scope": "Scope 3, category 1" if site.scope_category == "scope3_cat1" else "Scope 2",
+            "iso_category": co2e.ISO_14064_CATEGORY[site.scope_category],
+            "devices": sorted({r.device_id for r in summary.rows.values() if r.site_id == site.pk}),
+        }
+        for site in sorted(summary.sites.values(), key=lambda s: s.name)
+    ]
+
+
+ROLLUP_COLUMNS = (
+    "id",
+    "site_id",
+    "model",
+    "kind",
+    "metering_method",
+    "measured",
+    "hour",
+    "requests",
+    "it_energy_uj",
+    "pue_record_id",
+    "location_factor_id",
+    "location_co2e_g_stored",
+    "market_co2e_g_stored",
+)
+
+
+def _inputs(sources: SnapshotSources, figures: SnapshotFigures) -> dict[str, Any]:
+    summary = sources.summary
+    return {
+        "rollups": [
+            [
+                int(r.pk),
+                r.site_id,
+                r.model,
+                r.kind,
+                r.method,
+                r.measured,
+                r.hour.astimezone(UTC).isoformat(),
+                r.requests,
+                r.energy_uj,
+                r.pue_record_id,
+                r.location_factor_id,
+                None if r.location_co2e_g is None else _s(r.location_co2e_g),
+                None if r.market_co2e_g is None else _s(r.market_co2e_g),
+            ]
+            for r in sorted(summary.rows.values(), key=lambda r: (r.hour, r.pk))
+        ],
+        "rollup_columns": list(ROLLUP_COLUMNS),
+        "factors": _factors(summary, sources.factor_imports),
+        "pue_records": [
+            {
+                "id": p["id"],
+                "site": p["site"],
+                "valid_from": p["valid_from"].isoformat(),
+                "pue": _s(p["pue"]),
+                "source": p["source"],
+                "relative_uncertainty": _s(p["relative_uncertainty"]),
+            }
+            for p in sorted(summary.pue_records, key=lambda p: p["id"])
+        ],
+        "instruments": [_instrument(record) for record in sources.instruments],
+        "ledger": _ledger(sources.chains, intact=figures.ledger_intact),
+    }
+
+
+def _factors(summary: CarbonSummary, imports: dict[int, FactorImport]) -> list[dict[str, Any]]:
+    factors: list[dict[str, Any]] = []
+    for fid in _factor_ids(summary):
         record = summary.factor_records[str(fid)]
         factors.append(
             {
@@ -275,164 +575,194 @@ def build_snapshot(report: Report, progress: ReportProgress) -> dict[str, Any]:
                 "relative_uncertainty": _s(record["relative_uncertainty"]),
             }
         )
-    factor_notes = sorted({note for use in summary.location.factors_used for note in use.notes})
-    instruments = []
-    for record in ContractualInstrument.objects.filter(organization=org).order_by("instrument_id"):
-        instruments.append(
+    return factors
+
+
+def _instrument(record: ContractualInstrument) -> dict[str, Any]:
+    return {
+        "instrument_id": record.instrument_id,
+        "kind": record.kind,
+        "zone": record.zone,
+        "vintage_start": record.vintage_start.isoformat(),
+        "vintage_end": record.vintage_end.isoformat(),
+        "mwh": None if record.mwh is None else _s(record.mwh),
+        "intensity_g_per_kwh": _s(record.intensity_g_per_kwh),
+        "certificate_ids": record.certificate_ids,
+        "retirement_evidence": record.retirement_evidence,
+        "quality_criteria": record.quality_criteria,
+    }
+
+
+def _ledger(chains: list[ChainState], *, intact: bool) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    for state in chains:
+        chain, latest, last_full = state.chain, state.latest, state.last_full
+        rows.append(
             {
-                "instrument_id": record.instrument_id,
-                "kind": record.kind,
-                "zone": record.zone,
-                "vintage_start": record.vintage_start.isoformat(),
-                "vintage_end": record.vintage_end.isoformat(),
-                "mwh": None if record.mwh is None else _s(record.mwh),
-                "intensity_g_per_kwh": _s(record.intensity_g_per_kwh),
-                "certificate_ids": record.certificate_ids,
-                "retirement_evidence": record.retirement_evidence,
-                "quality_criteria": record.quality_criteria,
+                "chain_id": chain.chain_id,
+                "head_seq": chain.head_seq,
+                "head_hash": chain.head_hash,
+                "verified_to_seq": latest.seq if latest is not None else 0,
+                "verified_at": latest.finished_at.isoformat() if latest is not None else None,
+                "verified_from_seq_at_generation": latest.from_seq if latest is not None else 0,
+                "last_full_verification_at": last_full.finished_at.isoformat() if last_full else None,
+                "intact": not state.problem,
+                "problem": state.problem,
             }
         )
-    market = summary.market
-    by_method: dict[str, int] = dict(sorted(summary.energy_uj_by_method.items()))
-    methods = [
-        {
-            "method": method,
-            "why": METHOD_WHY.get(method, method),
-            "it_energy_kwh": _kwh_from_uj(uj),
-            "share": _s(co2e.report_relative(Decimal(uj) / Decimal(summary.energy_uj)))
-            if summary.energy_uj
-            else "0",
-        }
-        for method, uj in by_method.items()
-    ]
-    sites = []
-    for site in sorted(summary.sites.values(), key=lambda s: s.name):
-        sites.append(
-            {
-                "name": site.name,
-                "zone": site.zone,
-                "electricity": site.electricity,
-                "scope": "Scope 3, category 1" if site.scope_category == "scope3_cat1" else "Scope 2",
-                "iso_category": co2e.ISO_14064_CATEGORY[site.scope_category],
-                "devices": sorted({r.device_id for r in summary.rows.values() if r.site_id == site.pk}),
-            }
-        )
-    trend_start = _month_start(report.period_end - timedelta(days=1))
-    for _ in range(11):
-        trend_start = _month_start((trend_start - timedelta(days=1)).date())
-    trend = [
-        {
-            "month": point["t"].astimezone(UTC).strftime("%Y-%m"),
-            "requests": point["requests"],
-            "energy_kwh": _kwh_from_uj(point["energy_uj"]),
-            "location_co2e_t": _t(point["location_co2e_g"]),
-            "market_co2e_t": _t(point["market_co2e_g"]),
-        }
-        for point in rollup_series(org.pk, trend_start, end, "month")
-    ]
-    departures: list[str] = []
-    if not profile.responsible_person:
-        departures.append(
-            "No responsible person is named in the organization's reporting profile (§9.3.1 b)."
-        )
-    if profile.base_year is None:
-        departures.append("No base year has been chosen yet (§6.4.1); no base-year comparison is given.")
-    lifecycle = [f for f in factors if f["basis"] == "lifecycle"]
-    if lifecycle:
-        departures.append(
-            f"{len(lifecycle)} location-based factor(s) are lifecycle factors (upstream emissions included) where "
-            "Category 2 calls for direct factors; they are labelled in the factor table."
-        )
-    if summary.not_valued:
-        departures.append(
-            f"{len(summary.not_valued)} hour(s) of energy could not be valued and are excluded from the totals: "
-            + "; ".join(sorted({str(n["why"]) for n in summary.not_valued}))
-        )
-    base_year: dict[str, Any] | None = None
-    if profile.base_year is not None:
-        by_start = datetime(profile.base_year, 1, 1, tzinfo=UTC)
-        by_end = datetime(profile.base_year + 1, 1, 1, tzinfo=UTC)
-        base = carbon_summary(org.pk, by_start, by_end)
-        base_year = {
-            "year": profile.base_year,
-            "location_co2e_t": _t(base.location.total.co2e_g),
-            "market_co2e_t": _t(base.market.total.co2e_g),
-            "requests": base.requests,
-            "g_per_1000_requests_location": _g(base.location.total.co2e_g * 1000 / base.requests)
-            if base.requests
-            else None,
-        }
-    requests = summary.requests
-    per_1000 = (
-        {
-            "location_g": _g(summary.location.total.co2e_g * 1000 / requests),
-            "market_g": _g(summary.market.total.co2e_g * 1000 / requests),
-        }
-        if requests
-        else {"location_g": None, "market_g": None}
-    )
-    categories = []
-    for category in co2e.SCOPE_CATEGORIES:
-        categories.append(
+    return {"chains": rows, "intact": intact, "accepted_broken": not intact}
+
+
+def _results(sources: SnapshotSources, figures: SnapshotFigures) -> dict[str, Any]:
+    summary = sources.summary
+    return {
+        "requests": summary.requests,
+        "energy": _energy(summary, figures),
+        "categories": [
             {
                 "category": co2e.ISO_14064_CATEGORY[category],
                 "ghg_protocol": "Scope 2 (purchased electricity)"
                 if category == "scope2"
                 else "Scope 3, category 1 (purchased goods and services: cloud inference)",
                 "location_based": _total(summary.location.by_category[category]),
-                "market_based": _total(market.by_category[category]),
+                "market_based": _total(summary.market.by_category[category]),
             }
-        )
-    inputs = {
-        "rollups": [
-            [
-                int(r.pk),
-                r.site_id,
-                r.model,
-                r.kind,
-                r.method,
-                r.measured,
-                r.hour.astimezone(UTC).isoformat(),
-                r.requests,
-                r.energy_uj,
-                r.pue_record_id,
-                r.location_factor_id,
-                None if r.location_co2e_g is None else _s(r.location_co2e_g),
-                None if r.market_co2e_g is None else _s(r.market_co2e_g),
-            ]
-            for r in sorted(summary.rows.values(), key=lambda r: (r.hour, r.pk))
+            for category in co2e.SCOPE_CATEGORIES
         ],
-        "rollup_columns": [
-            "id",
-            "site_id",
-            "model",
-            "kind",
-            "metering_method",
-            "measured",
-            "hour",
-            "requests",
-            "it_energy_uj",
-            "pue_record_id",
-            "location_factor_id",
-            "location_co2e_g_stored",
-            "market_co2e_g_stored",
-        ],
-        "factors": factors,
-        "pue_records": [
+        "location_based": _total(summary.location.total),
+        "market_based": _market_based(summary.market),
+        "intensity": _intensity(summary, figures),
+        "breakdown": [_breakdown_row(group) for group in figures.breakdown],
+        "monthly_trend": [
             {
-                "id": p["id"],
-                "site": p["site"],
-                "valid_from": p["valid_from"].isoformat(),
-                "pue": _s(p["pue"]),
-                "source": p["source"],
-                "relative_uncertainty": _s(p["relative_uncertainty"]),
+                "month": point["t"].astimezone(UTC).strftime("%Y-%m"),
+                "requests": point["requests"],
+                "energy_kwh": _kwh_from_uj(point["energy_uj"]),
+                "location_co2e_t": _t(point["location_co2e_g"]),
+                "market_co2e_t": _t(point["market_co2e_g"]),
             }
-            for p in sorted(summary.pue_records, key=lambda p: p["id"])
+            for point in sources.trend
         ],
-        "instruments": instruments,
-        "ledger": ledger,
+        "base_year": _base_year_row(figures.base_year),
+        "factor_notes": figures.factor_notes,
+        "not_valued_hours": len(summary.not_valued),
     }
-    exclusions = list(profile.exclusions) or [
+
+
+def _energy(summary: CarbonSummary, figures: SnapshotFigures) -> dict[str, Any]:
+    return {
+        "it_energy_kwh": _kwh_from_uj(summary.energy_uj),
+        "request_energy_kwh": _kwh_from_uj(summary.energy_uj - summary.idle_uj),
+        "idle_energy_kwh": _kwh_from_uj(summary.idle_uj),
+        "facility_energy_kwh": _s(co2e.report_kwh(summary.location.total.energy_kwh)),
+        "by_metering_method": [
+            {
+                "method": m.method,
+                "why": METHOD_WHY.get(m.method, m.method),
+                "it_energy_kwh": _kwh_from_uj(m.energy_uj),
+                "share": "0" if m.share is None else _s(co2e.report_relative(m.share)),
+            }
+            for m in figures.by_method
+        ],
+        "measured_share": "0"
+        if figures.measured_share is None
+        else _s(co2e.report_relative(figures.measured_share)),
+        "j_per_inference": None
+        if figures.j_per_inference is None
+        else _s(figures.j_per_inference.quantize(Decimal("0.000001"))),
+    }
+
+
+def _market_based(market: co2e.MarketResult) -> dict[str, Any]:
+    return {
+        **_total(market.total),
+        "instruments_used": [
+            {
+                "instrument_id": u.instrument.instrument_id,
+                "kind": u.instrument.kind,
+                "covered_mwh": _s(co2e.report_kwh(u.covered_mwh)),
+                "unused_mwh": None if u.unused_mwh is None else _s(co2e.report_kwh(u.unused_mwh)),
+            }
+            for u in market.instruments_used
+        ],
+        "excluded": [
+            {"instrument_id": e.instrument.instrument_id, "reasons": list(e.reasons)} for e in market.excluded
+        ],
+        "disclosures": list(market.disclosures),
+    }
+
+
+def _intensity(summary: CarbonSummary, figures: SnapshotFigures) -> dict[str, Any]:
+    per_1000 = figures.g_per_1000_requests
+    sci = summary.sci_g_per_request
+    return {
+        "g_co2e_per_1000_inferences": {"location_g": None, "market_g": None}
+        if per_1000 is None
+        else {"location_g": _g(per_1000[0]), "market_g": _g(per_1000[1])},
+        "sci_g_per_request": None if sci is None else _s(sci.quantize(Decimal("0.000000001"))),
+        "sci_g_per_1000_requests": None if sci is None else _g(sci * 1000),
+        "embodied_g": _g(summary.embodied_g),
+        "sci_note": "SCI (ISO/IEC 21031:2024) = (E x I + M) / R with location-based hourly I, embodied M "
+        "amortised over device lifetime by reserved hours; market instruments are not used in SCI.",
+    }
+
+
+def _breakdown_row(group: BreakdownGroup) -> dict[str, Any]:
+    return {
+        "site": group.site,
+        "zone": group.zone,
+        "iso_category": group.iso_category,
+        "model": group.model,
+        "month": group.month,
+        "metering_method": group.metering_method,
+        "requests": group.requests,
+        "it_energy_kwh": _kwh_from_uj(group.it_energy_uj),
+        "idle_energy_kwh": _kwh_from_uj(group.idle_energy_uj),
+        "facility_energy_kwh": _s(co2e.report_kwh(group.facility_energy_kwh)),
+        "location_co2e_g": _g(group.location_co2e_g),
+        "market_co2e_g": _g(group.market_co2e_g),
+    }
+
+
+def _base_year_row(base: BaseYearFigures | None) -> dict[str, Any] | None:
+    if base is None:
+        return None
+    return {
+        "year": base.year,
+        "location_co2e_t": _t(base.location_co2e_g),
+        "market_co2e_t": _t(base.market_co2e_g),
+        "requests": base.requests,
+        "g_per_1000_requests_location": None
+        if base.location_g_per_1000_requests is None
+        else _g(base.location_g_per_1000_requests),
+    }
+
+
+def _statements(sources: SnapshotSources, figures: SnapshotFigures) -> dict[str, Any]:
+    profile = sources.profile
+    return {
+        "standard": STANDARD,
+        "departures": figures.departures,
+        "verification_status": profile.verification_status,
+        "gwp": GWP,
+        "uncertainty_method": UNCERTAINTY_METHOD,
+        "base_year_policy": profile.recalculation_policy,
+        "exclusions": _exclusions(profile),
+        "quantification": (
+            "Energy is metered per device and split over the requests of each batch (idle energy is booked "
+            "separately); facility energy = IT energy x PUE of the site for the hour; location-based CO2e "
+            "= facility energy x grid intensity of the site's zone for the hour (hourly series where "
+            "imported, else the annual factor of the year, else the nearest year, flagged); market-based "
+            "CO2e applies contractual instruments meeting the GHG Protocol Scope 2 Quality Criteria, then "
+            "the residual mix (or the grid average, disclosed)."
+        ),
+        "attribution": sources.attribution,
+    }
+
+
+def _exclusions(profile: ReportingProfile) -> list[Any]:
+    """The profile's exclusions, else the ones every inference service has."""
+    return list(profile.exclusions) or [
         {
             "what": "Category 1 (direct emissions)",
             "justification": "inference services burn no fuel and hold no refrigerant under the boundary",
@@ -447,107 +777,3 @@ def build_snapshot(report: Report, progress: ReportProgress) -> dict[str, Any]:
             "significance threshold",
         },
     ]
-    snapshot = {
-        "schema": SCHEMA,
-        "report": {
-            "id": report.pk,
-            "kind": report.kind,
-            "requested_by": report.requested_by,
-            "replaces": report.replaces_id,
-            "replacement_reason": report.replacement_reason,
-        },
-        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "code_version": code_version(),
-        "organization": {
-            "slug": org.slug,
-            "name": org.name,
-            "description": profile.description or f"{org.name}: machine-learning inference services.",
-            "responsible_person": profile.responsible_person or "not named",
-        },
-        "period": {"start": report.period_start.isoformat(), "end_exclusive": report.period_end.isoformat()},
-        "boundaries": {
-            "consolidation_approach": profile.consolidation_approach,
-            "reporting_boundary": profile.reporting_boundary,
-            "significance_threshold_percent": _s(profile.significance_threshold_percent),
-            "sites": sites,
-        },
-        "inputs": inputs,
-        "inputs_sha256": sha256_json(inputs),
-        "results": {
-            "requests": requests,
-            "energy": {
-                "it_energy_kwh": _kwh_from_uj(summary.energy_uj),
-                "request_energy_kwh": _kwh_from_uj(summary.energy_uj - summary.idle_uj),
-                "idle_energy_kwh": _kwh_from_uj(summary.idle_uj),
-                "facility_energy_kwh": _s(co2e.report_kwh(summary.location.total.energy_kwh)),
-                "by_metering_method": methods,
-                "measured_share": _s(
-                    co2e.report_relative(Decimal(summary.measured_uj) / Decimal(summary.energy_uj))
-                )
-                if summary.energy_uj
-                else "0",
-                "j_per_inference": _s(
-                    (Decimal(summary.energy_uj - summary.idle_uj) / requests / 10**6).quantize(
-                        Decimal("0.000001")
-                    )
-                )
-                if requests
-                else None,
-            },
-            "categories": categories,
-            "location_based": _total(summary.location.total),
-            "market_based": {
-                **_total(market.total),
-                "instruments_used": [
-                    {
-                        "instrument_id": u.instrument.instrument_id,
-                        "kind": u.instrument.kind,
-                        "covered_mwh": _s(co2e.report_kwh(u.covered_mwh)),
-                        "unused_mwh": None if u.unused_mwh is None else _s(co2e.report_kwh(u.unused_mwh)),
-                    }
-                    for u in market.instruments_used
-                ],
-                "excluded": [
-                    {"instrument_id": e.instrument.instrument_id, "reasons": list(e.reasons)}
-                    for e in market.excluded
-                ],
-                "disclosures": list(market.disclosures),
-            },
-            "intensity": {
-                "g_co2e_per_1000_inferences": per_1000,
-                "sci_g_per_request": None
-                if summary.sci_g_per_request is None
-                else _s(summary.sci_g_per_request.quantize(Decimal("0.000000001"))),
-                "sci_g_per_1000_requests": None
-                if summary.sci_g_per_request is None
-                else _g(summary.sci_g_per_request * 1000),
-                "embodied_g": _g(summary.embodied_g),
-                "sci_note": "SCI (ISO/IEC 21031:2024) = (E x I + M) / R with location-based hourly I, embodied M "
-                "amortised over device lifetime by reserved hours; market instruments are not used in SCI.",
-            },
-            "breakdown": _breakdown(summary),
-            "monthly_trend": trend,
-            "base_year": base_year,
-            "factor_notes": factor_notes,
-            "not_valued_hours": len(summary.not_valued),
-        },
-        "statements": {
-            "standard": STANDARD,
-            "departures": departures,
-            "verification_status": profile.verification_status,
-            "gwp": GWP,
-            "uncertainty_method": UNCERTAINTY_METHOD,
-            "base_year_policy": profile.recalculation_policy,
-            "exclusions": exclusions,
-            "quantification": (
-                "Energy is metered per device and split over the requests of each batch (idle energy is booked "
-                "separately); facility energy = IT energy x PUE of the site for the hour; location-based CO2e "
-                "= facility energy x grid intensity of the site's zone for the hour (hourly series where "
-                "imported, else the annual factor of the year, else the nearest year, flagged); market-based "
-                "CO2e applies contractual instruments meeting the GHG Protocol Scope 2 Quality Criteria, then "
-                "the residual mix (or the grid average, disclosed)."
-            ),
-            "attribution": factor_attributions([f["id"] for f in factors]),
-        },
-    }
-    return snapshot

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import factory
 
-from carbonledger.models import Organization
+from tenancy.models import Organization
 
 
 class OrganizationFactory(factory.django.DjangoModelFactory):
@@ -18,7 +18,7 @@ class OrganizationFactory(factory.django.DjangoModelFactory):
 
 class LedgerChainFactory(factory.django.DjangoModelFactory):
     class Meta:
-        model = "carbonledger.LedgerChain"
+        model = "ledger.LedgerChain"
 
     chain_id = factory.Sequence(lambda n: f"test-chain-{n}")
 
@@ -37,7 +37,7 @@ class _ChainedRecordFactory(factory.django.DjangoModelFactory):
 
 class LedgerRequestFactory(_ChainedRecordFactory):
     class Meta:
-        model = "carbonledger.LedgerRequest"
+        model = "ledger.LedgerRequest"
 
     request_id = factory.Sequence(lambda n: f"t.req.{n}")
     model = "linear"
@@ -54,7 +54,7 @@ class LedgerRequestFactory(_ChainedRecordFactory):
 
 class LedgerRequestEnergyFactory(_ChainedRecordFactory):
     class Meta:
-        model = "carbonledger.LedgerRequestEnergy"
+        model = "ledger.LedgerRequestEnergy"
 
     request_id = factory.Sequence(lambda n: f"t.req.{n}")
     interval_id = factory.Sequence(lambda n: f"t.interval.{n}")
@@ -67,7 +67,7 @@ class LedgerBatchEnergyFactory(_ChainedRecordFactory):
     """A batch's row for one interval; ``request_ids`` and ``shares_uj`` are JSON array texts, as stored."""
 
     class Meta:
-        model = "carbonledger.LedgerBatchEnergy"
+        model = "ledger.LedgerBatchEnergy"
 
     batch_id = factory.Sequence(lambda n: f"t.batch.{n}")
     interval_id = factory.Sequence(lambda n: f"t.interval.{n}")

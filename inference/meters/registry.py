@@ -16,11 +16,15 @@ from types import MappingProxyType
 from typing import Any, Final, TypedDict, Unpack
 
 from .base import Meter, MeterError
+from .cpu_model import CpuModelMeter
+from .nvml import NvmlMeter, import_pynvml, nvml_device_count
+from .rapl import DEFAULT_POWERCAP_ROOT, RaplMeter, find_packages
+from .triton import DEFAULT_TIMEOUT_S, TritonMeter, discover_gpus
 
 logger = logging.getLogger(__name__)
 
 #: Short names accepted by :func:`load_meter_class`, mapped to dotted paths.
-#: Paths (not classes) so looking a name up imports only that meter's module.
+#: Dotted paths, so that a meter of another package plugs in the same way as these.
 METER_CLASSES: Final[Mapping[str, str]] = MappingProxyType(
     {
         "nvml": "inference.meters.nvml.NvmlMeter",
@@ -103,8 +107,6 @@ class Detection:
 
 
 def _probe_nvml(det: Detection, nvml_module: Any, nvml_options: Mapping[str, Any]) -> None:
-    from .nvml import NvmlMeter, import_pynvml, nvml_device_count
-
     try:
         nvml = nvml_module if nvml_module is not None else import_pynvml()
         count = nvml_device_count(nvml)
@@ -136,8 +138,6 @@ def _probe_nvml(det: Detection, nvml_module: Any, nvml_options: Mapping[str, Any
 
 
 def _probe_rapl(det: Detection, root: str | Path, include_dram: bool) -> None:
-    from .rapl import RaplMeter, find_packages
-
     try:
         packages = find_packages(root)
     except MeterError as exc:
@@ -154,8 +154,6 @@ def _probe_rapl(det: Detection, root: str | Path, include_dram: bool) -> None:
 
 
 def _probe_triton(det: Detection, url: str | None, timeout_s: float) -> None:
-    from .triton import TritonMeter, discover_gpus
-
     if not url:
         det.skipped.append("triton: no metrics URL configured")
         return
@@ -179,8 +177,6 @@ def _probe_triton(det: Detection, url: str | None, timeout_s: float) -> None:
 
 
 def _probe_cpu_model(det: Detection, cpu_model_options: Mapping[str, Any]) -> None:
-    from .cpu_model import CpuModelMeter
-
     host_measured = [m for m, _ in det.meters if m.method != "triton"]
     if host_measured:
         det.skipped.append("cpu-model: not needed, NVML/RAPL meters found")
@@ -207,14 +203,10 @@ def probe_meters(**options: Unpack[DetectOptions]) -> Detection:
         if "nvml" in sources:
             _probe_nvml(det, options.get("nvml_module"), options.get("nvml_options", {}))
         if "rapl" in sources:
-            from .rapl import DEFAULT_POWERCAP_ROOT
-
             _probe_rapl(
                 det, options.get("rapl_root", DEFAULT_POWERCAP_ROOT), options.get("rapl_include_dram", True)
             )
         if "triton" in sources:
-            from .triton import DEFAULT_TIMEOUT_S
-
             _probe_triton(det, options.get("triton_url"), options.get("triton_timeout_s", DEFAULT_TIMEOUT_S))
         if "cpu-model" in sources:
             _probe_cpu_model(det, options.get("cpu_model_options", {}))

@@ -82,7 +82,7 @@ def test_the_scheduled_rollup_task_folds_new_ledger_records_in_by_itself(tmp_pat
         import django
         django.setup()
         from django.db.models import Sum
-        from carbonledger.models import HourlyRollup
+        from carbon.models import HourlyRollup
         print("ROLLED", HourlyRollup.objects.aggregate(s=Sum("requests"))["s"])
         """
     )

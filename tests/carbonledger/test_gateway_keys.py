@@ -11,7 +11,7 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 
-from carbonledger.services import api_key_create, api_key_revoke
+from tenancy.services import api_key_create, api_key_revoke
 from tests.factories import OrganizationFactory
 from tests.support.models import DEMO, linear_reference
 from tests.support.servers import serve_asgi

@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 import pytest
 from django.test import Client
 
-from carbonledger.carbon.rollups import rollups_update
-from carbonledger.carbon.services import load_shipped_factors
-from carbonledger.models import ApiKey, Organization, Site
-from carbonledger.synthetic_ledger import generate_ledger
+from carbon.rollups import rollups_update
+from carbon.services import load_shipped_factors
+from demo.synthetic_ledger import generate_ledger
 from reports.models import Report
+from tenancy.models import ApiKey, Organization, Site
 from tests.factories import OrganizationFactory
 from tests.support.accounts import signed_in
 

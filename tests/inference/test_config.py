@@ -1,7 +1,7 @@
 """config.pbtxt parsing in inference/config.py (Triton's protobuf ModelConfig), without Django.
 
 The JSON form must read like Triton's ``GET /v2/models/<m>/config``; TRITON_LINEAR_CONFIG is the
-body captured from Triton 2.51.0 in ../shared/triton-reference/kserve_v2_examples.md.
+body captured from Triton 2.51.0 in the Triton reference's kserve_v2_examples.md.
 """
 
 from __future__ import annotations

@@ -20,7 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inference.gateway import DirectInfer, Gateway, InferCall, Principal, _complete
+from inference.core import InferCall
+from inference.core import complete as _complete
+from inference.gateway import DirectInfer, Gateway
+from inference.keys import Principal
 from inference.repository import GatewayOptions
 from tests.support.models import build_test_repository, linear_reference
 from tests.support.servers import free_port, serve_asgi
@@ -287,7 +290,7 @@ def test_a_direct_answer_waits_until_a_client_that_stopped_reading_reads_again()
     async def scenario() -> None:
         from uvicorn.protocols.http.flow_control import FlowControl
 
-        from carbonledger.http_protocol import DirectCycle
+        from inference.http_protocol import DirectCycle
 
         protocol: Any = type("Protocol", (), {})()
         protocol.transport = Transport()
@@ -327,7 +330,7 @@ def test_a_direct_answer_for_a_client_that_left_while_it_waited_is_dropped() -> 
     async def scenario() -> None:
         from uvicorn.protocols.http.flow_control import FlowControl
 
-        from carbonledger.http_protocol import DirectCycle
+        from inference.http_protocol import DirectCycle
 
         protocol: Any = type("Protocol", (), {})()
         protocol.transport = Transport()
@@ -351,7 +354,7 @@ def test_the_direct_path_is_found_through_uvicorns_wrappers_and_never_through_ot
 ) -> None:
     from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-    from carbonledger.http_protocol import direct_target
+    from inference.http_protocol import direct_target
 
     gateway = _build(tmp_path)
 

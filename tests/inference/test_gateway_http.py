@@ -21,7 +21,8 @@ import requests
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 
-from inference.gateway import Gateway, Principal
+from inference.gateway import Gateway
+from inference.keys import Principal
 from inference.repository import GatewayOptions
 from tests.support.models import DEMO, build_test_repository, linear_reference
 from tests.support.servers import free_port, serve_asgi

@@ -1,7 +1,7 @@
 """The KServe v2 / Triton HTTP codec in inference/kserve.py: decoding, validation, encoding.
 
 Framework-free: no Django, no database. Expected texts and wire layouts come from the real
-Triton captures in ../shared/triton-reference/kserve_v2_examples.md.
+Triton captures in the Triton reference's kserve_v2_examples.md.
 """
 
 from __future__ import annotations

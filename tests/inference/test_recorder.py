@@ -17,9 +17,10 @@ import pytest
 
 from inference.batcher import BatchTiming, Pending
 from inference.config import load_config
+from inference.core import InferCall
 from inference.efficiency import EfficiencyPlanner, EfficiencySettings
 from inference.errors import InferenceError
-from inference.gateway import InferCall, Principal
+from inference.keys import Principal
 from inference.kserve import InferRequest
 from inference.meters.base import Meter
 from inference.recorder import LedgerRecorder, LedgerUnavailable, RecorderOptions, work_units

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from inference.gateway import Gateway, Principal
+from inference.gateway import Gateway
+from inference.keys import Principal
 from inference.repository import GatewayOptions
 from tests.support.models import linear_reference
 from tests.support.servers import free_port_block, serve_asgi

@@ -16,9 +16,10 @@ import numpy as np
 import orjson
 import pytest
 
-from carbonledger.carbon import services as carbon
-from carbonledger.models import FactorImport, Organization
-from carbonledger.services import api_key_create
+from carbon import services as carbon
+from carbon.models import FactorImport
+from tenancy.models import Organization
+from tenancy.services import api_key_create
 from tests.factories import OrganizationFactory
 from tests.support.models import linear_reference
 

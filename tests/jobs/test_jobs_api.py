@@ -12,10 +12,10 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from rest_framework.test import APIClient
 
-from carbonledger.carbon import services as carbon
-from carbonledger.models import Organization
+from carbon import services as carbon
 from jobs import services
 from jobs.models import Job
+from tenancy.models import Organization
 from tests.factories import OrganizationFactory
 from tests.jobs.conftest import FakeGateway, job_file, key_for
 

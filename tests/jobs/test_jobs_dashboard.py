@@ -11,11 +11,11 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from carbonledger.carbon import services as carbon
-from carbonledger.ledger_writer import default_site
-from carbonledger.models import Device, Organization
+from carbon import services as carbon
 from jobs import services
 from jobs.models import Job, JobOutput
+from ledger.writer import default_site
+from tenancy.models import Device, Organization
 from tests.factories import LedgerRequestEnergyFactory, LedgerRequestFactory, OrganizationFactory
 from tests.jobs.conftest import H10, NOW, job_file
 from tests.support.accounts import signed_in

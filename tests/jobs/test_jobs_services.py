@@ -13,14 +13,14 @@ from typing import Any
 import orjson
 import pytest
 
-from carbonledger.carbon import services as carbon
-from carbonledger.intensity_providers import ProviderReading
-from carbonledger.ledger_writer import default_site
-from carbonledger.models import ApiKey, Device, Organization
-from carbonledger.services import ServiceError, hash_key
+from carbon import services as carbon
+from carbon.providers import ProviderReading
 from jobs import services, tasks
 from jobs.models import Job, JobOutput
 from jobs.selectors import job_emissions
+from ledger.writer import default_site
+from tenancy.models import ApiKey, Device, Organization
+from tenancy.services import ServiceError, hash_key
 from tests.factories import LedgerBatchEnergyFactory, LedgerRequestFactory
 from tests.jobs.conftest import H10, NOW, FakeGateway, import_series, infer_line, job_file
 from tests.support.intensity import forecast_reading
@@ -435,7 +435,7 @@ def test_emissions_and_the_counterfactual_estimate_by_hand(org: Organization, se
     )
     carbon.site_set_pue(site=site, pue="1.5", source="declared", valid_from=datetime(2020, 1, 1, tzinfo=UTC))
     _ran(org, job, [1_200_000, 1_200_000, 1_200_000], hour=H10 + timedelta(hours=2))
-    result = job_emissions(job)
+    result = job_emissions(job).as_dict()
     # 3 x 1.2 J = 3.6 J IT = 1e-6 kWh; x PUE 1.5 = 1.5e-6 kWh facility.
     assert result["status"] == "final" and result["energy_j"] == "3.600000"
     assert Decimal(result["facility_energy_kwh"]) == Decimal("0.0000015")
@@ -459,18 +459,18 @@ def test_emissions_are_pending_until_the_intervals_close_and_the_ledger_holds_ev
     org: Organization, series: None
 ) -> None:
     job = submit(org, deadline=H10 + timedelta(hours=4))
-    assert job_emissions(job) == {
+    assert job_emissions(job).as_dict() == {
         "status": "pending",
         "energy": "pending",
         "reason": "the job has not run yet",
     }
     ids = _ran(org, job, [1_000, 2_000], final=False, hour=H10 + timedelta(hours=2))
-    pending = job_emissions(job)
+    pending = job_emissions(job).as_dict()
     assert (
         pending["status"] == "pending" and "intervals of 2 of 2 requests have not closed" in pending["reason"]
     )
     JobOutput.objects.create(
         job=job, index=2, line=3, ledger_id="not-drained-yet", response="{}", answered_at=NOW
     )
-    assert "1 of 3 requests are not in the ledger yet" in job_emissions(job)["reason"]
+    assert "1 of 3 requests are not in the ledger yet" in job_emissions(job).as_dict()["reason"]
     assert ids

@@ -12,14 +12,14 @@ from django.conf import settings
 from django.core.management import call_command
 from django.utils import timezone
 
-from carbonledger.carbon import services as carbon
-from carbonledger.carbon.rollups import rollups_update
-from carbonledger.ledger_writer import append_records
-from carbonledger.models import Device, Organization
-from carbonledger.services import ServiceError
+from carbon import services as carbon
+from carbon.rollups import rollups_update
+from ledger.writer import append_records
 from reports import tasks
 from reports.models import Report
 from reports.services import report_generate, report_recalculate, report_request, reports_recover
+from tenancy.models import Device, Organization
+from tenancy.services import ServiceError
 from tests.factories import OrganizationFactory
 from tests.support.ledger import one_request_records
 

@@ -16,11 +16,11 @@ from django.conf import settings
 from django.db import connection
 from rest_framework.test import APIClient
 
-from carbonledger.carbon import services as carbon
-from carbonledger.carbon.rollups import recompute_carbon, rollups_update
-from carbonledger.ledger_writer import append_records
-from carbonledger.models import Device, EmissionFactor, LedgerRequest, Organization
-from carbonledger.services import api_key_create
+from carbon import services as carbon
+from carbon.models import EmissionFactor
+from carbon.rollups import recompute_carbon, rollups_update
+from ledger.models import LedgerRequest
+from ledger.writer import append_records
 from reports.models import Report, ReportingProfile
 from reports.render import render_csv, render_json
 from reports.services import (
@@ -30,6 +30,8 @@ from reports.services import (
     report_retry,
     reports_monthly,
 )
+from tenancy.models import Device, Organization
+from tenancy.services import api_key_create
 from tests.factories import OrganizationFactory
 from tests.support.ledger import one_request_records
 
@@ -231,7 +233,7 @@ def test_a_broken_chain_fails_the_report_unless_accepted_and_is_then_stated(
             [LedgerRequest.objects.earliest("seq").pk],
         )
     # The daily full verification finds it (a report's own pass checks what is new since the last one).
-    from carbonledger.services import ledger_verify
+    from ledger.services import ledger_verify
 
     ledger_verify(full=True)
     refused = _generate(org_with_ledger)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.test import Client
 
-from carbonledger.models import Organization
-from carbonledger.services import user_create
+from tenancy.models import Organization
+from tenancy.services import user_create
 
 PASSWORD = "a-long-test-password-42"
 

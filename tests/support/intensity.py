@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from carbonledger.intensity_providers import ProviderReading
+from carbon.providers import ProviderReading
 
 
 def forecast_reading(

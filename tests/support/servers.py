@@ -11,7 +11,7 @@ from typing import Any
 
 import uvicorn
 
-from carbonledger.http_protocol import CoalescingHttpToolsProtocol
+from inference.http_protocol import CoalescingHttpToolsProtocol
 
 
 def free_port() -> int:

@@ -1,4 +1,8 @@
-"""A real Triton server, installed with ../shared/triton-reference/setup.sh (cached under var/triton)."""
+"""A real Triton server, installed with the Triton reference's setup.sh (cached under var/triton).
+
+The reference (setup.sh, start_triton.sh, models/) is not part of the product: CARBONLEDGER_TRITON_REFERENCE
+names its folder (default: triton-reference in a shared/ folder beside the checkout); the tests that need
+it are skipped without it."""
 
 from __future__ import annotations
 
@@ -13,8 +17,7 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = Path(os.environ.get("CARBONLEDGER_SHARED_DIR", ROOT.parent / "shared"))
-REFERENCE = SHARED / "triton-reference"
+REFERENCE = Path(os.environ.get("CARBONLEDGER_TRITON_REFERENCE", ROOT.parent / "shared" / "triton-reference"))
 TRITON_DIR = Path(os.environ.get("TRITON_HOME", ROOT / "var" / "triton"))
 
 
@@ -22,7 +25,7 @@ def triton_available() -> tuple[bool, str]:
     if not (REFERENCE / "setup.sh").is_file():
         return (
             False,
-            f"{REFERENCE}/setup.sh not found (the shared Triton reference is not beside this checkout)",
+            f"{REFERENCE}/setup.sh not found (set CARBONLEDGER_TRITON_REFERENCE to the Triton reference folder)",
         )
     return True, ""
 

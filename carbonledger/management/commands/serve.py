@@ -4,8 +4,11 @@ import os
 import sys
 from typing import Any
 
+import uvicorn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from inference.http_protocol import CoalescingHttpToolsProtocol
 
 
 class Command(BaseCommand):
@@ -16,9 +19,6 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=None, help="defaults to $PORT, else 8000")
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        import uvicorn
-
-        from carbonledger.http_protocol import CoalescingHttpToolsProtocol
 
         port = opts["port"]
         if port is None:

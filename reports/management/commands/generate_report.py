@@ -6,11 +6,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from carbonledger import selectors
-from carbonledger.services import ServiceError
 from reports.models import Report
 from reports.services import report_request
 from reports.tasks import generate_report
+from tenancy import selectors
+from tenancy.services import ServiceError
 
 
 def _day(raw: str, name: str) -> date:

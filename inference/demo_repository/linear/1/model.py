@@ -1,7 +1,7 @@
 """y = x @ W + b with W a fixed 256x256 FP32 matrix, plus a fixed per-batch cost.
 
-Same W, b (numpy default_rng(0)) and 2 ms per batch as Triton's reference model in
-../shared/triton-reference/models/linear, so the two servers compare on equal work. The sleep
+Same W, b (numpy default_rng(0)) and 2 ms per batch as the linear model that bench/compare_triton.py
+serves on a real Triton, so the two servers compare on equal work. The sleep
 stands for a GPU kernel launch; PROBE_SLEEP_MS changes it as it does for the reference.
 """
 

@@ -1,0 +1,413 @@
+"""Plumbing shared by the benchmarks in this folder.
+
+* processes: :class:`Server` (a server in its own process group, stopped with SIGTERM then SIGKILL, also at
+  exit and on SIGTERM/SIGHUP once :func:`install_cleanup` ran), CPU counters from ``/proc``;
+* HTTP: :func:`http`, :func:`wait_ready`, :func:`free_port_block`;
+* a gateway of our own: :func:`gateway_env`, :func:`manage`, :func:`create_bench_key`, :func:`serve_argv`;
+* Django in the benchmark's own process: :func:`use_database`, :func:`setup_django`, :func:`drop_database`;
+* results: :func:`utc_stamp`, :func:`git`, :func:`machine_info`, :func:`write_json`.
+
+Standard library only (psycopg and Django are imported when used), so every script can import it first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "bench" / "results"
+DJANGO_SETTINGS = "carbonledger.settings"
+POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+# The Triton reference (setup.sh, start_triton.sh, models/): not part of the product, so it is named by a
+# setting; the tests read the same variable (tests/support/triton.py).
+TRITON_REFERENCE = Path(
+    os.environ.get("CARBONLEDGER_TRITON_REFERENCE", REPO.parent / "shared" / "triton-reference")
+)
+
+# Environment variables that would make a benchmark's servers run different work or touch shared state.
+SCRUBBED_ENV = ("PROBE_SLEEP_MS", "DATABASE_URL", "CELERY_BROKER_URL", "TRITON_URL", "PORT", "LD_PRELOAD")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class SetupError(RuntimeError):
+    """Something the benchmark needs could not be prepared; the message says what and where to look."""
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# -- CPU from /proc ---------------------------------------------------------------------------------------
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3 on), or None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself contain spaces.
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def pids_in_group(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = proc_stat(int(entry))
+            if fields is not None and int(fields[2]) == pgid:
+                pids.append(int(entry))
+    return pids
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of the live processes in a process group (plus their reaped children)."""
+    total = 0
+    for pid in pids_in_group(pgid):
+        fields = proc_stat(pid)
+        if fields is not None:
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14))
+    return total / CLK_TCK
+
+
+def machine_busy_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies over all CPUs from /proc/stat."""
+    # user nice system idle iowait irq softirq steal: busy = all but idle, iowait and steal (time the
+    # hypervisor gave to someone else).
+    parts = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    busy = parts[0] + parts[1] + parts[2] + parts[5] + parts[6]
+    return busy, sum(parts)
+
+
+def children_cpu_seconds() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+# -- servers ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """A server process started in its own session, so that its whole tree can be signalled at once."""
+
+    name: str
+    port: int
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    version: str = "?"
+    stopped_by: str = ""
+    restarts: int = 0
+
+    def start(self) -> None:
+        log(f"starting {self.name} on 127.0.0.1:{self.port}")
+        with self.log_path.open("ab") as out:
+            # Own session and process group: the whole tree (Triton's python-backend stubs too) can be
+            # signalled at once, and a Ctrl-C in the terminal reaches only the benchmark.
+            self.proc = subprocess.Popen(
+                self.argv,
+                cwd=REPO,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        LIVE_SERVERS.append(self)
+
+    @property
+    def pgid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+                self.stopped_by = "SIGTERM"
+            except subprocess.TimeoutExpired:
+                self.stopped_by = "SIGKILL"
+        else:
+            self.stopped_by = f"exited earlier (status {self.proc.returncode})"
+        # Whatever is left in the group (a stub that outlived its server, or everything after the grace
+        # period) is killed.
+        leftovers = pids_in_group(self.pgid)
+        if leftovers:
+            if self.stopped_by == "SIGTERM":
+                self.stopped_by = f"SIGTERM, then SIGKILL for {len(leftovers)} leftover process(es)"
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        if self in LIVE_SERVERS:
+            LIVE_SERVERS.remove(self)
+        log(f"stopped {self.name}: {self.stopped_by}")
+
+
+# What cleanup() stops: the servers started and not yet stopped, and client processes (in their own
+# process groups) still running.
+LIVE_SERVERS: list[Server] = []
+LIVE_CLIENTS: list[subprocess.Popen[bytes]] = []
+
+
+def cleanup() -> None:
+    for proc in list(LIVE_CLIENTS):
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    for server in list(LIVE_SERVERS):
+        server.stop(grace_s=8.0)
+
+
+def on_signal(signum: int, _frame: Any) -> None:
+    # Turn SIGTERM/SIGHUP into a normal exit so that finally blocks and atexit stop the servers.
+    raise SystemExit(128 + signum)
+
+
+def install_cleanup() -> None:
+    """Stop every live server at exit, and on SIGTERM or SIGHUP (turned into a normal exit)."""
+    atexit.register(cleanup)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+
+
+# -- HTTP -------------------------------------------------------------------------------------------------
+
+
+def http(
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 5.0,
+) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def wait_ready(
+    server: Server,
+    headers: dict[str, str] | None = None,
+    models: Iterable[str] = (),
+    timeout_s: float = 90.0,
+) -> None:
+    """Wait until the server answers ``/v2/health/ready`` and every one of ``models`` is ready; records the
+    server's version. SetupError when it exits or is not ready in time, with the end of its log."""
+    deadline = time.monotonic() + timeout_s
+    base = f"http://127.0.0.1:{server.port}"
+    models = list(models)
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise SetupError(
+                f"{server.name} exited during start-up (status {server.proc.returncode if server.proc else '?'}); "
+                f"last lines of {server.log_path}:\n{tail(server.log_path)}"
+            )
+        try:
+            status, _ = http("GET", f"{base}/v2/health/ready", timeout=2.0)
+            if status == 200 and all(
+                http("GET", f"{base}/v2/models/{m}/ready", headers=headers, timeout=2.0)[0] == 200
+                for m in models
+            ):
+                status, body = http("GET", f"{base}/v2", headers=headers)
+                if status == 200:
+                    server.version = json.loads(body).get("version", "?")
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.25)
+    raise SetupError(
+        f"{server.name} was not ready within {timeout_s:.0f} s; last lines of {server.log_path}:\n"
+        f"{tail(server.log_path)}"
+    )
+
+
+def free_port_block(n: int) -> int:
+    """A port P such that P .. P+n-1 are all free on 127.0.0.1 right now."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 60000 - n)
+        socks: list[socket.socket] = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise SetupError("found no free block of loopback ports")
+
+
+# -- our gateway ------------------------------------------------------------------------------------------
+
+
+def gateway_env(var: Path, models: Path, **extra: str) -> dict[str, str]:
+    """This process's environment for a gateway with its own folder (SQLite database, spool) and model
+    repository, without what would make it share state with another (:data:`SCRUBBED_ENV`)."""
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+    env.update(CARBONLEDGER_VAR_DIR=str(var), MODEL_REPOSITORY=str(models), PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    """``manage.py ARGS`` in the repository with ``env``; its standard output."""
+    proc = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    if proc.returncode != 0:
+        raise SetupError(
+            f"manage.py {' '.join(args)} failed (status {proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
+    return proc.stdout
+
+
+def create_bench_key(env: dict[str, str]) -> str:
+    """Migrate the gateway's database, create the organization ``bench`` and an API key for it (scopes infer
+    and read); returns the key."""
+    manage(env, "migrate", "--noinput")
+    manage(env, "create_organization", "bench")
+    key = manage(env, "create_api_key", "bench", "--scopes", "infer,read").strip().splitlines()[-1].strip()
+    if not key or " " in key:
+        raise SetupError(f"could not read the API key from create_api_key's output: {key!r}")
+    return key
+
+
+def serve_argv(port: int) -> list[str]:
+    """The gateway on 127.0.0.1:``port``, as ``make run`` serves it (the port is the last item)."""
+    return [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)]
+
+
+# -- Django in this process -------------------------------------------------------------------------------
+
+
+def use_database(db: str, workdir: Path) -> str:
+    """Point this process's Django at a fresh database: SQLite in ``workdir``, or a new PostgreSQL database on
+    127.0.0.1:5432. Returns its URL (for :func:`drop_database`); call :func:`setup_django` next."""
+    os.environ["CARBONLEDGER_VAR_DIR"] = str(workdir)
+    if db == "sqlite":
+        url = f"sqlite:///{workdir / 'ingest.sqlite3'}"
+    else:
+        import psycopg
+
+        name = f"cl_bench_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        url = f"postgres://postgres@127.0.0.1:5432/{name}"
+    os.environ["DATABASE_URL"] = url
+    return url
+
+
+def drop_database(url: str) -> None:
+    """Drop a PostgreSQL database :func:`use_database` created (a SQLite file goes with its folder)."""
+    if url.startswith("postgres"):
+        import psycopg
+
+        name = url.rsplit("/", 1)[1]
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def setup_django(database_url: str | None = None) -> None:
+    """Django set up in this process with the project's settings (on ``database_url`` when given)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    if database_url is not None:
+        os.environ["DATABASE_URL"] = database_url
+    os.environ["DJANGO_SETTINGS_MODULE"] = DJANGO_SETTINGS
+    import django
+
+    django.setup()
+
+
+# -- results ----------------------------------------------------------------------------------------------
+
+
+def utc_stamp() -> str:
+    """Now in UTC, as the results' file names carry it: 20261205T131243Z."""
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def git(*args: str) -> str:
+    """``git ARGS`` in the repository; its output, or "" when git is missing or fails."""
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def machine_info() -> dict[str, Any]:
+    """What a result depends on besides the code: CPUs, load, platform, Python, commit and modified files."""
+    cpu_model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    dirty = [line for line in git("status", "--porcelain", "--untracked-files=no").splitlines() if line]
+    return {
+        "nproc": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu_model,
+        "loadavg_at_start": os.getloadavg(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_modified_tracked_files": dirty,
+    }
+
+
+def write_json(paths: Path | Sequence[Path], doc: Any, indent: int = 2) -> Path:
+    """Write ``doc`` as JSON to each path (folders created); returns the first path."""
+    targets = [paths] if isinstance(paths, Path) else list(paths)
+    text = json.dumps(doc, indent=indent, default=str) + "\n"
+    for path in targets:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return targets[0]

@@ -1,0 +1,285 @@
+"""Writes: a realistic synthetic ledger for demos and benchmarks, marked synthetic in the data.
+
+Everything goes through the same chaining and bulk insert as the gateway's records (one chain of its own),
+so ``verify_ledger`` checks it and the rollups read it like live traffic. What is synthetic is marked:
+request records carry ``synthetic=true``, devices carry ``info.synthetic`` (their idle lines inherit it).
+
+The shape: two sites (an owned site in France, a cloud region in US-VA), a GPU metered by NVML and a
+modelled CPU, the three demo models; traffic follows a day curve (busier in the afternoon, UTC); every
+minute is a metering interval of each device whose energy is exactly idle + the batches' shares, split over
+requests by work units, as the accountant does.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from carbon.services import site_create
+from inference.allocation import split_largest_remainder
+from ledger.writer import append_records
+from tenancy.models import Device, Organization, Site
+from tenancy.services import ServiceError
+
+_INTERVAL_S = 60
+_NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class _Model:
+    name: str
+    device: str
+    weight: float
+    work_units: int  # per request (input elements)
+    fixed_us: int  # batch time: fixed part
+    per_request_us: int  # batch time: per request
+
+
+@dataclass(frozen=True)
+class _Device:
+    device_id: str
+    kind: str
+    method: str
+    measured: bool
+    relative_uncertainty: float
+    idle_w: float
+    busy_w: float  # above idle, while a batch runs
+    site: str
+
+
+def _devices(slug: str) -> tuple[_Device, _Device]:
+    return (
+        _Device(f"synthetic-{slug}-gpu0", "gpu", "nvml-counter", True, 0.05, 32.0, 110.0, f"{slug}-paris"),
+        _Device(f"synthetic-{slug}-cpu0", "cpu", "modelled", False, 0.30, 12.0, 20.0, f"{slug}-cloud-us"),
+    )
+
+
+# The variant each synthetic model's records name, as the gateway would (inference/variants.py).
+_VARIANTS = {"digits": "fp32", "digits_int8": "int8"}
+
+
+def _models(gpu: str, cpu: str) -> tuple[_Model, ...]:
+    return (
+        _Model("digits", gpu, 0.5, 64, 400, 30),
+        _Model("digits_int8", gpu, 0.2, 64, 300, 15),
+        _Model("linear", cpu, 0.3, 4, 2000, 20),
+    )
+
+
+@dataclass
+class SyntheticResult:
+    requests: int
+    records: int
+    start: datetime
+    end: datetime
+    chain_id: str
+    seconds: float
+
+
+def _place(org: Organization, device: _Device) -> None:
+    site = Site.objects.filter(name=device.site, organization=org).first()
+    if site is None:
+        cloud = device.site.endswith("cloud-us")
+        try:
+            site = site_create(
+                name=device.site,
+                zone="US-VA" if cloud else "FR",
+                pue="1.1" if cloud else "1.35",
+                pue_source="declared" if cloud else "measured",
+                pue_relative_uncertainty="0.05" if cloud else "0.02",
+                electricity=Site.Electricity.CLOUD if cloud else Site.Electricity.OWNED,
+                organization=org,
+            )
+        except ServiceError as exc:
+            raise ServiceError(f"cannot create the demo site {device.site}: {exc}") from None
+    facts = {
+        "kind": device.kind,
+        "name": f"synthetic {device.kind}",
+        "method": device.method,
+        "measured": device.measured,
+        "relative_uncertainty": device.relative_uncertainty,
+        "info": {"synthetic": True, "reason": "load_demo_ledger"},
+        "site": site,
+        "idle_power_w": device.idle_w,
+    }
+    Device.objects.update_or_create(device_id=device.device_id, defaults=facts)
+
+
+def _minute_counts(requests: int, minutes: int, rng: random.Random) -> list[int]:
+    # A day curve: low at night, peak mid-afternoon UTC; counts sum to ``requests`` exactly.
+    weights = [1.0 + 0.8 * math.sin(2 * math.pi * ((m % 1440) / 1440 - 0.35)) for m in range(minutes)]
+    weights = [w * (0.85 + 0.3 * rng.random()) for w in weights]
+    total = sum(weights)
+    counts = [int(requests * w / total) for w in weights]
+    for i in rng.sample(range(minutes), requests - sum(counts)) if requests > sum(counts) else []:
+        counts[i] += 1
+    return counts
+
+
+def generate_ledger(
+    *, organization: Organization, requests: int, days: float, end: datetime | None = None, seed: int = 1
+) -> SyntheticResult:
+    """Write ``requests`` synthetic requests spread over ``days`` days ending at ``end`` (default: the start
+    of the current hour), with their batches, metering intervals, idle lines and energy parts."""
+    if requests < 0:
+        raise ServiceError(f"requests must be >= 0, got {requests}")
+    if days <= 0:
+        raise ServiceError(f"days must be > 0, got {days}")
+    started = time.perf_counter()
+    end_at = (end or datetime.now(UTC)).astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    minutes = max(1, int(days * 1440))
+    start_at = end_at - timedelta(minutes=minutes)
+    gpu, cpu = _devices(organization.slug)
+    for device in (gpu, cpu):
+        _place(organization, device)
+    rng = random.Random(seed)
+    chain_id = f"synthetic-{organization.slug}-{int(time.time())}-{rng.getrandbits(24):06x}"
+    written = 0
+    buffer: list[dict[str, Any]] = []
+    for records in _minutes(organization.pk, chain_id, start_at, minutes, requests, gpu, cpu, rng):
+        buffer.extend(records)
+        if len(buffer) >= 60_000:
+            written += append_records(chain_id, buffer)
+            buffer = []
+    if buffer:
+        written += append_records(chain_id, buffer)
+    return SyntheticResult(requests, written, start_at, end_at, chain_id, time.perf_counter() - started)
+
+
+def _minutes(
+    org_id: int,
+    chain_id: str,
+    start_at: datetime,
+    minutes: int,
+    requests: int,
+    gpu: _Device,
+    cpu: _Device,
+    rng: random.Random,
+) -> Iterator[list[dict[str, Any]]]:
+    models = _models(gpu.device_id, cpu.device_id)
+    weights = [m.weight for m in models]
+    devices = {gpu.device_id: gpu, cpu.device_id: cpu}
+    counters_j = {gpu.device_id: 1000.0, cpu.device_id: 0.0}
+    base_ns = int(start_at.timestamp()) * _NS
+    prefix = chain_id[-6:]
+    next_id = 0
+    for minute, count in enumerate(_minute_counts(requests, minutes, rng)):
+        t0 = base_ns + minute * _INTERVAL_S * _NS
+        t1 = t0 + _INTERVAL_S * _NS
+        records: list[dict[str, Any]] = []
+        busy: dict[str, int] = {d: 0 for d in devices}
+        parts: dict[str, list[dict[str, Any]]] = {d: [] for d in devices}
+        batch_uj: dict[str, int] = {d: 0 for d in devices}
+        left = count
+        while left > 0:
+            size = min(left, rng.choice((1, 2, 4, 4, 8, 8, 8, 16)))
+            left -= size
+            model = rng.choices(models, weights)[0]
+            device = devices[model.device]
+            duration_ns = (model.fixed_us + model.per_request_us * size) * 1000
+            begin = t0 + rng.randrange(0, _INTERVAL_S * _NS - duration_ns)
+            finish = begin + duration_ns
+            next_id += 1
+            batch_id = f"s{prefix}.b{next_id}"
+            energy_uj = round(device.busy_w * duration_ns / 1000)  # W x ns / 1000 = µJ
+            busy[device.device_id] += duration_ns
+            batch_uj[device.device_id] += energy_uj
+            records.append(
+                {
+                    "k": "batch",
+                    "batch_id": batch_id,
+                    "model": model.name,
+                    "version": "1",
+                    "device_id": device.device_id,
+                    "instance": 0,
+                    "start_ns": begin,
+                    "end_ns": finish,
+                    "requests": size,
+                    "rows": size,
+                    "status": "ok",
+                    "variant": _VARIANTS.get(model.name, ""),
+                }
+            )
+            request_ids: list[str] = []
+            for _ in range(size):
+                next_id += 1
+                request_id = f"s{prefix}.r{next_id}"
+                request_ids.append(request_id)
+                queue_ns = rng.randrange(50_000, 3_000_000)
+                records.append(
+                    {
+                        "k": "req",
+                        "request_id": request_id,
+                        "client_request_id": "",
+                        "organization_id": org_id,
+                        "api_key_id": None,
+                        "model": model.name,
+                        "version": "1",
+                        "batch_id": batch_id,
+                        "device_id": device.device_id,
+                        "received_ns": begin - queue_ns,
+                        "started_ns": begin,
+                        "finished_ns": finish,
+                        "queue_ns": queue_ns,
+                        "compute_ns": duration_ns,
+                        "work_units": model.work_units,
+                        "status": "ok",
+                        "synthetic": True,
+                        "variant": _VARIANTS.get(model.name, ""),
+                    }
+                )
+            parts[device.device_id].append(
+                {
+                    "k": "batch_energy",
+                    "batch_id": batch_id,
+                    "energy_uj": energy_uj,
+                    "request_ids": request_ids,
+                    "shares_uj": split_largest_remainder(energy_uj, [1] * size),  # equal work units
+                    "final": True,
+                }
+            )
+        for device_id, device in devices.items():
+            idle_ns = _INTERVAL_S * _NS - busy[device_id]
+            idle_uj = round(device.idle_w * idle_ns / 1000)
+            energy_uj = idle_uj + batch_uj[device_id]
+            interval_id = f"s{prefix}.i{minute}.{device.kind}"
+            start_j = counters_j[device_id]
+            counters_j[device_id] = start_j + energy_uj / 1e6
+            records.append(
+                {
+                    "k": "interval",
+                    "interval_id": interval_id,
+                    "device_id": device_id,
+                    "method": device.method,
+                    "relative_uncertainty": device.relative_uncertainty,
+                    "t0_ns": t0,
+                    "t1_ns": t1,
+                    "counter_start_j": start_j,
+                    "counter_end_j": counters_j[device_id],
+                    "energy_uj": energy_uj,
+                    "idle_uj": idle_uj,
+                    "busy_ns": busy[device_id],
+                    "idle_ns": idle_ns,
+                }
+            )
+            records.append(
+                {
+                    "k": "idle",
+                    "interval_id": interval_id,
+                    "device_id": device_id,
+                    "t0_ns": t0,
+                    "t1_ns": t1,
+                    "energy_uj": idle_uj,
+                    "idle_ns": idle_ns,
+                    "idle_power_w": device.idle_w,
+                }
+            )
+            for part in parts[device_id]:
+                part["interval_id"] = interval_id
+                records.append(part)
+        yield records

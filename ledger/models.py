@@ -1,0 +1,257 @@
+"""The ledger: append-only, hash-chained records of requests, batches, metering intervals and idle energy.
+
+The tables keep the names they had in the ``carbonledger`` app (see carbonledger migration 0013)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from tenancy.models import ApiKey, Organization
+
+
+class LedgerChain(models.Model):
+    """One hash chain per writer (a gateway process's spool). The only mutable ledger row: its head
+    and the spool position already written, updated in the same transaction as the records."""
+
+    chain_id = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    head_seq = models.BigIntegerField(default=0)
+    head_hash = models.CharField(max_length=64, default="0" * 64)
+    spool_position = models.CharField(max_length=40, default="0:0")
+
+    class Meta:
+        db_table = "carbonledger_ledgerchain"
+
+    def __str__(self) -> str:
+        return self.chain_id
+
+
+class ChainedRecord(models.Model):
+    # Indexes cost ingest speed (tens of thousands of rows a second): the (chain, seq)
+    # unique constraint of each table already serves lookups by chain, so no FK index.
+    # No FK constraint either: PostgreSQL would check it row by row during COPY.
+    chain = models.ForeignKey(
+        LedgerChain, on_delete=models.PROTECT, related_name="+", db_index=False, db_constraint=False
+    )
+    seq = models.BigIntegerField()
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        abstract = True
+
+
+class LedgerBatch(ChainedRecord):
+    batch_id = models.CharField(max_length=64)
+    model = models.CharField(max_length=128)
+    version = models.CharField(max_length=32)
+    device_id = models.CharField(max_length=128)
+    instance = models.IntegerField(default=0)
+    start_ns = models.BigIntegerField()
+    end_ns = models.BigIntegerField()
+    requests = models.IntegerField()
+    rows = models.IntegerField()
+    status = models.CharField(max_length=16, default="ok")
+    # The model variant that served the batch (e.g. fp32 or int8; empty for a model without variants).
+    # Chained only when set, so records written before the column existed still verify.
+    variant = models.CharField(max_length=64, default="", blank=True)
+
+    class Meta:
+        db_table = "ledger_batch"
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_batch_chain_seq"),
+            models.UniqueConstraint(fields=["batch_id"], name="ledger_batch_id"),
+        ]
+
+
+class LedgerRequest(ChainedRecord):
+    # Unique through Meta.constraints: unique=True would add a second (LIKE) index on PostgreSQL.
+    # Collation "C" on PostgreSQL (migration 0010), like the other indexed ledger ids: an AlterField
+    # of these columns would reset it, so such a migration must set it again.
+    request_id = models.CharField(max_length=64)
+    client_request_id = models.CharField(max_length=256, blank=True, default="")
+    organization = models.ForeignKey(
+        Organization,
+        null=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
+    )
+    api_key = models.ForeignKey(
+        ApiKey, null=True, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False
+    )
+    model = models.CharField(max_length=128)
+    version = models.CharField(max_length=32)
+    batch_id = models.CharField(max_length=64)
+    device_id = models.CharField(max_length=128)
+    received_ns = models.BigIntegerField()
+    started_ns = models.BigIntegerField()
+    finished_ns = models.BigIntegerField()
+    queue_ns = models.BigIntegerField()
+    compute_ns = models.BigIntegerField()
+    work_units = models.BigIntegerField()
+    status = models.CharField(max_length=16, default="ok")
+    synthetic = models.BooleanField(default=False)
+    # The model variant that served the batch (e.g. fp32 or int8; empty for a model without variants).
+    # Chained only when set, so records written before the column existed still verify.
+    variant = models.CharField(max_length=64, default="", blank=True)
+
+    class Meta:
+        db_table = "ledger_request"
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_request_chain_seq"),
+            models.UniqueConstraint(fields=["request_id"], name="ledger_request_id"),
+        ]
+        indexes = [models.Index(fields=["organization", "received_ns"], name="ledger_request_org_time")]
+
+
+class LedgerInterval(ChainedRecord):
+    """Raw counter readings at both ends of one metering interval of one device."""
+
+    interval_id = models.CharField(max_length=64)
+    device_id = models.CharField(max_length=128)
+    method = models.CharField(max_length=32)
+    relative_uncertainty = models.FloatField()
+    t0_ns = models.BigIntegerField()
+    t1_ns = models.BigIntegerField()
+    counter_start_j = models.FloatField()
+    counter_end_j = models.FloatField()
+    energy_uj = models.BigIntegerField()
+    idle_uj = models.BigIntegerField()
+    busy_ns = models.BigIntegerField()
+    idle_ns = models.BigIntegerField()
+
+    class Meta:
+        db_table = "ledger_interval"
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_interval_chain_seq"),
+            models.UniqueConstraint(fields=["interval_id"], name="ledger_interval_id"),
+        ]
+
+
+class LedgerIdle(ChainedRecord):
+    """Idle energy of a device in one interval: a ledger line of its own, never dropped."""
+
+    interval_id = models.CharField(max_length=64)
+    device_id = models.CharField(max_length=128)
+    t0_ns = models.BigIntegerField()
+    t1_ns = models.BigIntegerField()
+    energy_uj = models.BigIntegerField()
+    idle_ns = models.BigIntegerField()
+    idle_power_w = models.FloatField()
+    owed_in_uj = models.BigIntegerField(
+        default=0,
+        help_text="idle balance carried in from the device's earlier intervals (negative: charged beyond their "
+        "estimates); with batches in the interval, energy_uj = min(interval energy, max(0, "
+        "round(idle_power_w x idle_ns / 1000) + owed_in_uj)) in µJ",
+    )
+
+    class Meta:
+        db_table = "ledger_idle"
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_idle_chain_seq"),
+            models.UniqueConstraint(fields=["interval_id"], name="ledger_idle_interval_id"),
+        ]
+
+
+class LedgerRequestEnergy(ChainedRecord):
+    """A request's share of one interval's energy (a request spanning intervals has several)."""
+
+    request_id = models.CharField(max_length=64)
+    interval_id = models.CharField(max_length=64)
+    batch_id = models.CharField(max_length=64)
+    energy_uj = models.BigIntegerField()
+    final = models.BooleanField(default=False, help_text="the batch is fully allocated with this part")
+
+    class Meta:
+        db_table = "ledger_request_energy"
+        indexes = [models.Index(fields=["request_id"], name="ledger_energy_request")]
+        # No uniqueness on (request, interval, batch): parts reach the database only with the
+        # chunk that holds their request's unique id, and that index slowed ingest by a quarter.
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_request_energy_chain_seq")
+        ]
+
+
+class LedgerBatchEnergy(ChainedRecord):
+    """A batch's share of one interval's energy and its split over the batch's requests.
+
+    One row per batch and interval rather than one per request (``LedgerRequestEnergy``, which older records
+    still use): at the batch sizes the gateway runs under load this writes a sixteenth of the rows
+    (bench/ledger_ingest.py). ``request_ids`` and ``shares_uj`` are compact JSON arrays in the batch's order;
+    the shares add up to ``energy_uj``. A request's energy is the sum of its shares over the batch's rows.
+    """
+
+    batch_id = models.CharField(max_length=64)
+    interval_id = models.CharField(max_length=64)
+    energy_uj = models.BigIntegerField()
+    request_ids = models.TextField()
+    shares_uj = models.TextField()
+    final = models.BooleanField(default=False, help_text="the batch is fully allocated with this part")
+
+    class Meta:
+        db_table = "ledger_batch_energy"
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_batch_energy_chain_seq"),
+            models.UniqueConstraint(fields=["batch_id", "interval_id"], name="ledger_batch_energy_key"),
+        ]
+
+
+class LedgerAdjustment(ChainedRecord):
+    """A correction: records are never updated; an adjusting entry says what changes, why and who."""
+
+    target_kind = models.CharField(max_length=32)  # request, interval, idle
+    target_id = models.CharField(max_length=64)
+    energy_delta_uj = models.BigIntegerField()
+    reason = models.TextField()
+    actor = models.CharField(max_length=200)
+    created_ns = models.BigIntegerField()
+
+    class Meta:
+        db_table = "ledger_adjustment"
+        constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_adjustment_chain_seq")]
+
+
+class ChainOrganization(models.Model):
+    """Which organizations have records in which hash chain (requests they sent, idle lines of sites they
+    operate), kept by the rollups as they read the ledger: a report lists and vouches for those chains only."""
+
+    chain = models.ForeignKey(LedgerChain, on_delete=models.PROTECT, related_name="+")
+    # No database constraint, like the ledger's own organization column: the rollups must never fail on it.
+    organization = models.ForeignKey(
+        Organization, on_delete=models.PROTECT, related_name="+", db_constraint=False
+    )
+
+    class Meta:
+        db_table = "carbonledger_chainorganization"
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "chain"], name="chain_organization_unique")
+        ]
+
+
+class LedgerVerification(models.Model):
+    """A verification run of one chain: records ``from_seq + 1 .. seq`` re-hashed and linked, starting at the
+    hash of an earlier verification (``from_seq`` 0: from genesis, a full verification). ``problem`` names the
+    first broken link; empty when intact."""
+
+    chain = models.ForeignKey(LedgerChain, on_delete=models.PROTECT, related_name="verifications")
+    from_seq = models.BigIntegerField()
+    seq = models.BigIntegerField()
+    hash = models.CharField(max_length=64)
+    records = models.BigIntegerField()
+    problem = models.TextField(blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "carbonledger_ledgerverification"
+        ordering = ["chain", "-seq", "-id"]
+
+    @property
+    def full(self) -> bool:
+        return self.from_seq == 0
+
+    @property
+    def intact(self) -> bool:
+        return not self.problem
