@@ -128,6 +128,7 @@ class Server:
     version: str = "?"
     stopped_by: str = ""
     restarts: int = 0
+    cwd: Path = REPO  # another checkout (a git worktree) runs that checkout's code
 
     def start(self) -> None:
         log(f"starting {self.name} on 127.0.0.1:{self.port}")
@@ -136,7 +137,7 @@ class Server:
             # signalled at once, and a Ctrl-C in the terminal reaches only the benchmark.
             self.proc = subprocess.Popen(
                 self.argv,
-                cwd=REPO,
+                cwd=self.cwd,
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -293,10 +294,10 @@ def gateway_env(var: Path, models: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def manage(env: dict[str, str], *args: str) -> str:
-    """``manage.py ARGS`` in the repository with ``env``; its standard output."""
+def manage(env: dict[str, str], *args: str, root: Path = REPO) -> str:
+    """``manage.py ARGS`` in the repository (or the checkout ``root``) with ``env``; its standard output."""
     proc = subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "manage.py", *args], cwd=root, env=env, capture_output=True, text=True, timeout=120
     )
     if proc.returncode != 0:
         raise SetupError(
@@ -305,12 +306,17 @@ def manage(env: dict[str, str], *args: str) -> str:
     return proc.stdout
 
 
-def create_bench_key(env: dict[str, str]) -> str:
+def create_bench_key(env: dict[str, str], root: Path = REPO) -> str:
     """Migrate the gateway's database, create the organization ``bench`` and an API key for it (scopes infer
-    and read); returns the key."""
-    manage(env, "migrate", "--noinput")
-    manage(env, "create_organization", "bench")
-    key = manage(env, "create_api_key", "bench", "--scopes", "infer,read").strip().splitlines()[-1].strip()
+    and read), with the code of the checkout ``root``; returns the key."""
+    manage(env, "migrate", "--noinput", root=root)
+    manage(env, "create_organization", "bench", root=root)
+    key = (
+        manage(env, "create_api_key", "bench", "--scopes", "infer,read", root=root)
+        .strip()
+        .splitlines()[-1]
+        .strip()
+    )
     if not key or " " in key:
         raise SetupError(f"could not read the API key from create_api_key's output: {key!r}")
     return key

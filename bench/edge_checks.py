@@ -1,0 +1,139 @@
+"""What the gateway's checks at the edge cost: this checkout's gateway against the same gateway at a base
+commit (before the checks), side by side in one run.
+
+Both serve the demo `linear` model (python backend, 2 ms a batch) with metering and the ledger on, as
+`make run` serves it; the base commit runs from a temporary git worktree with this checkout's Python. Triton's
+perf_analyzer drives each in turn at the same concurrency, in ABBA order, so that drift of the machine hits
+both alike. The verdict is the median over the rounds of each round's throughput ratio (this checkout / base):
+the issue's target is at least 0.97 at concurrency 32 (the checks cost at most 3 %).
+
+Usage: .venv/bin/python bench/edge_checks.py --base REV [--concurrency 32] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (
+    REPO,
+    RESULTS_DIR,
+    Server,
+    SetupError,
+    cleanup,
+    create_bench_key,
+    free_port_block,
+    gateway_env,
+    git,
+    machine_info,
+    serve_argv,
+    utc_stamp,
+    wait_ready,
+    write_json,
+)
+from compare_triton import DEMO_LINEAR, ensure_triton
+from ledger_overhead import run_pa
+
+TARGET_RATIO = 0.97
+
+
+def start_gateway(name: str, root: Path, work: Path) -> tuple[Server, str]:
+    var = work / name
+    models = var / "models"
+    models.mkdir(parents=True)
+    shutil.copytree(DEMO_LINEAR, models / "linear")
+    env = gateway_env(var, models, METERS="cpu-model", OPENBLAS_NUM_THREADS="1")
+    key = create_bench_key(env, root=root)
+    port = free_port_block(1)
+    server = Server(name, port, serve_argv(port), env, var / "serve.log", cwd=root)
+    server.start()
+    try:
+        wait_ready(server, timeout_s=60.0)
+    except SetupError as exc:
+        raise SystemExit(f"{name} did not become ready: {exc}") from None
+    return server, key
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True, help="the commit to compare with (before the edge checks)")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3, help="ABBA rounds (each runs both gateways twice)")
+    ap.add_argument("--measurement-interval", type=int, default=5000)
+    ap.add_argument("--retries", type=int, default=2)
+    ap.add_argument("--triton-dir", default=str(REPO / "var" / "triton"))
+    args = ap.parse_args()
+    triton_dir = Path(args.triton_dir)
+    ensure_triton(triton_dir)
+    base_rev = git("rev-parse", "--short", args.base)
+    work = Path(tempfile.mkdtemp(prefix="edge-checks-"))
+    worktree = work / "base-checkout"
+    subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.base], cwd=REPO, check=True)
+    try:
+        base, base_key = start_gateway("base", worktree, work)
+        head, head_key = start_gateway("head", REPO, work)
+        keys = {"base": base_key, "head": head_key}
+        runs = []
+        for r in range(args.rounds):
+            order = [base, head, head, base] if r % 2 == 0 else [head, base, base, head]
+            for i, server in enumerate(order):
+                res = run_pa(
+                    triton_dir,
+                    server,
+                    keys[server.name],
+                    args.concurrency,
+                    args.measurement_interval,
+                    work,
+                    f"{server.name}-r{r}-{i}",
+                    args.retries,
+                )
+                res["round"] = r
+                runs.append(res)
+                print(
+                    f"round {r} {server.name}: {res['throughput']:.0f}/s p99 {res['p99_ms']:.2f} ms",
+                    flush=True,
+                )
+        head.stop()
+        base.stop()
+        ratios = []
+        for r in range(args.rounds):
+            mean = {
+                n: statistics.mean(x["throughput"] for x in runs if x["server"] == n and x["round"] == r)
+                for n in ("base", "head")
+            }
+            ratios.append(round(mean["head"] / mean["base"], 4))
+        verdict = statistics.median(ratios)
+        result = {
+            "benchmark": "edge_checks",
+            "date_utc": utc_stamp(),
+            "base": base_rev,
+            "meta": machine_info(),
+            "concurrency": args.concurrency,
+            "ratio_per_round": ratios,
+            "ratio_median": verdict,
+            "target_ratio": TARGET_RATIO,
+            "meets_target": verdict >= TARGET_RATIO,
+            "p99_ms": {
+                n: round(statistics.median(x["p99_ms"] for x in runs if x["server"] == n), 2)
+                for n in ("base", "head")
+            },
+            "runs": runs,
+        }
+        print(json.dumps({k: v for k, v in result.items() if k not in ("runs", "meta")}, indent=2))
+        write_json(RESULTS_DIR / f"edge_checks-{result['date_utc']}.json", result)
+        return 0
+    finally:
+        cleanup()
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=REPO, check=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
