@@ -1,7 +1,11 @@
-"""Hypothesis strategies for infer request bodies a client might send (issue 22's fuzzing): mostly well-formed
-requests for the edge gateway's models (``linear``: x FP32 [-1, 256]; ``echo_bytes``: text BYTES [-1, -1]),
-JSON or binary extension, with any field swapped for a value of the wrong type, shapes huge or negative,
-values their datatype cannot hold, and lying sizes (binary_data_size, Inference-Header-Content-Length)."""
+"""Hypothesis strategies for infer request bodies a client might send (issue 22's fuzzing).
+
+Each body starts as a well-formed request for one of the edge gateway's models (``linear``: x FP32 [-1, 256];
+``echo_bytes``: text BYTES [-1, -1]), JSON or binary extension, and then has up to three of its fields
+corrupted: swapped for a JSON value of another type, shapes huge or negative, values their datatype cannot
+hold, sizes that lie (binary_data_size, Inference-Header-Content-Length, the binary data itself). Few
+corruptions at a time, so that most bodies get past the first check and exercise the later ones.
+"""
 
 from __future__ import annotations
 
@@ -15,27 +19,10 @@ from hypothesis import strategies as st
 from inference.kserve import DTYPES, LITTLE_ENDIAN
 
 DATATYPES = sorted(DTYPES)
-MAX_BUILT_ELEMENTS = 1024  # larger shapes get no matching data: the request is refused or wild anyway
+MAX_BUILT_ELEMENTS = 1024  # larger shapes get no matching data: the request is refused anyway
 
-EXTREME_INTS = [
-    0,
-    1,
-    2,
-    255,
-    256,
-    300,
-    2**31,
-    10**8,
-    10**15,
-    2**62,
-    2**63 - 1,
-    2**63,
-    2**64 - 1,
-    2**64,
-    2**80,
-]
+EXTREME_INTS = [0, 1, 255, 256, 300, 2**31, 10**8, 10**15, 2**62, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**80]
 EXTREME_FLOATS = [
-    0.5,
     -0.0,
     5e-324,
     1e-50,
@@ -44,6 +31,7 @@ EXTREME_FLOATS = [
     3.4028235e38,
     3.40282357e38,
     3.4e39,
+    -3.4e39,
     1.7976931348623157e308,
 ]
 
@@ -61,20 +49,26 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=8,
 )
-
-
-def mostly(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    """``valid`` three times in four, any JSON value otherwise."""
-    return st.one_of(valid, valid, valid, json_values)
-
-
+ID_CHARS = st.characters(exclude_characters="\x00")
 dims = st.one_of(st.integers(-2, 4), st.sampled_from(EXTREME_INTS), st.sampled_from([-1, -(2**63)]))
-request_ids = st.one_of(
-    st.text(max_size=12),
-    st.text(min_size=250, max_size=300),
-    st.text(alphabet=st.sampled_from(["a", "\u0000", "\ud7ff", "é"]), max_size=6),
+
+# Fields a body may have corrupted; every other field stays well-formed.
+FIELDS = (
+    "id",
+    "parameters",
+    "inputs",
+    "name",
+    "datatype",
+    "shape",
+    "data",
+    "values",
+    "tensor_parameters",
+    "binary_data_size",
+    "blob",
+    "outputs",
+    "header_length",
+    "extra_input",
 )
-parameter_values = st.one_of(st.booleans(), st.integers(-5, 2**70), st.text(max_size=20), json_values)
 
 
 @dataclass(frozen=True)
@@ -101,44 +95,62 @@ def _bytes_blob(items: list[bytes]) -> bytes:
 
 
 @st.composite
-def _tensor(draw: st.DrawFn, model: str, binary: bool) -> tuple[dict[str, Any], bytes]:
+def _tensor(draw: st.DrawFn, model: str, binary: bool, bad: frozenset[str]) -> tuple[dict[str, Any], bytes]:
     """One input tensor and its binary data (empty for JSON)."""
-    name, datatype, width = ("x", "FP32", 256) if model == "linear" else ("text", "BYTES", 1)
+    name, datatype = ("x", "FP32") if model == "linear" else ("text", "BYTES")
     tensor: dict[str, Any] = {
-        "name": draw(mostly(st.sampled_from([name, "x", "text", ""]))),
-        "datatype": draw(mostly(st.sampled_from([datatype, datatype, *DATATYPES]))),
+        "name": draw(json_values | st.sampled_from(["y", "", "x" * 300])) if "name" in bad else name,
+        "datatype": draw(json_values | st.sampled_from(DATATYPES)) if "datatype" in bad else datatype,
     }
-    shape = draw(mostly(st.one_of(st.integers(0, 3).map(lambda r: [r, width]), st.lists(dims, max_size=4))))
+    rows = draw(st.integers(1, 3))
+    width = 256 if model == "linear" else draw(st.integers(0, 3))
+    shape: Any = [rows, width]
+    if "shape" in bad:
+        shape = draw(json_values | st.lists(dims, max_size=4) | st.lists(dims, min_size=30, max_size=70))
     tensor["shape"] = shape
-    datatype_now = tensor["datatype"] if isinstance(tensor["datatype"], str) else "FP32"
+    datatype_now = (
+        tensor["datatype"] if isinstance(tensor["datatype"], str) and tensor["datatype"] in DTYPES else "FP32"
+    )
     count = _element_count(shape)
     if not binary:
-        if count is not None and draw(st.integers(0, 3)):
-            fill: Any = "w" if datatype_now == "BYTES" else (True if datatype_now == "BOOL" else 0.5)
-            special = draw(mostly(st.sampled_from([fill, *EXTREME_FLOATS, *EXTREME_INTS, True, "s"])))
-            size = count + draw(st.sampled_from([0, 0, 0, -1, 1]))
-            data: Any = [fill] * max(size - 1, 0) + ([special] if size > 0 else [])
-            if count and len(shape) == 2 and shape[1] and size == count and draw(st.booleans()):
-                data = [data[i : i + shape[1]] for i in range(0, count, shape[1])]  # nested rows
+        fill: Any = {"BYTES": "w", "BOOL": True}.get(datatype_now, 0.5)
+        if "data" in bad or count is None:
+            data: Any = draw(json_values)
         else:
-            data = draw(json_values)
-        if draw(st.integers(0, 9)):
-            tensor["data"] = data
-        if not draw(st.integers(0, 9)):
-            tensor["parameters"] = draw(json_values)
+            size = count + (draw(st.sampled_from([-1, 1])) if "values" in bad and draw(st.booleans()) else 0)
+            size = max(size, 0)
+            data = [fill] * size
+            if size and "values" in bad:
+                data[draw(st.integers(0, size - 1))] = draw(json_scalars)
+            elif size and datatype_now == "FP32":
+                data[-1] = draw(st.floats(width=32, allow_nan=False, allow_infinity=False))
+            if len(shape) == 2 and shape[1] and size == count and draw(st.booleans()):
+                data = [data[i : i + shape[1]] for i in range(0, count, shape[1])]  # nested rows
+        tensor["data"] = data
+        if "tensor_parameters" in bad:
+            tensor["parameters"] = draw(
+                json_values | st.fixed_dictionaries({"binary_data_size": json_values})
+            )
         return tensor, b""
     if datatype_now == "BYTES" and count is not None:
         blob = _bytes_blob(draw(st.lists(st.binary(max_size=5), min_size=count, max_size=count)))
-    elif datatype_now in LITTLE_ENDIAN and count is not None:
+    elif count is not None:
         n = count * LITTLE_ENDIAN[datatype_now].itemsize
         blob = draw(st.binary(min_size=n, max_size=n)) if n <= 64 else bytes(n)
     else:
         blob = draw(st.binary(max_size=16))
-    blob = draw(st.sampled_from([blob, blob, blob, blob[:-1], blob + b"\x00", blob[4:]]))
-    size = draw(mostly(st.one_of(st.just(len(blob)), st.sampled_from([-1, 0, 2**64, len(blob) + 1]))))
-    params = {"binary_data_size": size}
-    if not draw(st.integers(0, 9)):
-        params = draw(json_values)
+    if "blob" in bad:
+        blob = draw(
+            st.sampled_from(
+                [blob[:-1], blob + b"\x00", blob[4:], b"\xff\xff\xff\xff" + blob, b"\x02" * len(blob)]
+            )
+        )
+    declared: Any = len(blob)
+    if "binary_data_size" in bad:
+        declared = draw(json_values | st.sampled_from([-1, 0, 2**64, len(blob) + 1, len(blob) - 1]))
+    params: Any = {"binary_data_size": declared}
+    if "tensor_parameters" in bad:
+        params = draw(json_values | st.just({"binary_data_size": declared, "other": {"a": 1}}))
     tensor["parameters"] = params
     return tensor, blob
 
@@ -147,39 +159,56 @@ def _tensor(draw: st.DrawFn, model: str, binary: bool) -> tuple[dict[str, Any], 
 def infer_bodies(draw: st.DrawFn, json_only: bool = False) -> Body:
     model = draw(st.sampled_from(["linear", "echo_bytes"]))
     binary = False if json_only else draw(st.booleans())
+    bad = frozenset(draw(st.sets(st.sampled_from(FIELDS), max_size=3)))
     doc: dict[str, Any] = {}
-    if draw(st.booleans()):
-        doc["id"] = draw(mostly(request_ids))
-    if not draw(st.integers(0, 3)):
+    if "id" in bad:
+        doc["id"] = draw(
+            json_values
+            | st.text(min_size=250, max_size=300)
+            | st.text(alphabet=st.sampled_from(["a", "\u0000", "\ud7ff", "é"]), max_size=6)
+        )
+    elif draw(st.booleans()):
+        doc["id"] = draw(st.text(ID_CHARS, max_size=12) | st.text(ID_CHARS, min_size=256, max_size=256))
+    if "parameters" in bad:
         doc["parameters"] = draw(
-            mostly(
-                st.dictionaries(
-                    st.sampled_from(["binary_data_output", "priority", "timeout", "custom"]),
-                    parameter_values,
-                    max_size=2,
-                )
+            json_values
+            | st.dictionaries(
+                st.sampled_from(["binary_data_output", "priority", "timeout", "custom"]),
+                json_values,
+                max_size=2,
             )
+            | st.just({"custom": "v" * 5000})
         )
-    tensors = [draw(_tensor(model, binary)) for _ in range(draw(st.sampled_from([1, 1, 1, 0, 2])))]
-    doc["inputs"] = draw(mostly(st.just([t for t, _ in tensors])))
-    if not draw(st.integers(0, 3)):
-        out_name = "y" if model == "linear" else "text"
-        output = st.fixed_dictionaries(
-            {"name": mostly(st.just(out_name))},
-            optional={"parameters": mostly(st.fixed_dictionaries({"binary_data": mostly(st.booleans())}))},
+    elif draw(st.booleans()):
+        doc["parameters"] = {"binary_data_output": draw(st.booleans()), "priority": draw(st.integers(0, 3))}
+    tensors = [draw(_tensor(model, binary, bad))]
+    if "extra_input" in bad:
+        tensors.append(draw(_tensor(model, binary, bad)))
+    doc["inputs"] = [t for t, _ in tensors]
+    if "inputs" in bad:
+        doc["inputs"] = draw(json_values)
+    out_name = "y" if model == "linear" else "text"
+    if "outputs" in bad:
+        doc["outputs"] = draw(
+            json_values
+            | st.lists(
+                st.fixed_dictionaries(
+                    {"name": json_values | st.just(out_name)}, optional={"parameters": json_values}
+                ),
+                max_size=2,
+            )
+            | st.just([{"name": out_name, "parameters": {"binary_data": True, "classification": 2}}])
         )
-        doc["outputs"] = draw(mostly(st.lists(output, max_size=2)))
+    elif draw(st.booleans()):
+        doc["outputs"] = [{"name": out_name, "parameters": {"binary_data": draw(st.booleans())}}]
     # json.dumps, not orjson: it writes integers beyond 64 bits, which a client may send.
     header = json.dumps(doc).encode()
     body = header + b"".join(blob for _, blob in tensors)
-    header_length: str | None = None
-    if binary or not draw(st.integers(0, 9)):
+    header_length: str | None = str(len(header)) if binary else None
+    if "header_length" in bad:
         header_length = draw(
-            st.one_of(
-                st.just(str(len(header))),
-                st.just(str(len(header))),
-                st.integers(-2, len(body) + 2).map(str),
-                st.sampled_from(["", "x", "1.5", "-0", "0x10", "99999999999999999999"]),
-            )
+            st.none()
+            | st.integers(-2, len(body) + 2).map(str)
+            | st.sampled_from(["", "x", "1.5", "-0", "0x10", "99999999999999999999"])
         )
     return Body(model, body, header_length)

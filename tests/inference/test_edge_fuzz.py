@@ -9,7 +9,7 @@ A fixed, small budget (``max_examples``) keeps CI time bounded; no example datab
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -83,9 +83,9 @@ FINDINGS = [
 ]
 
 
-def _with_findings(test: object) -> object:
+def _with_findings(test: Callable[..., None]) -> Callable[..., None]:
     for body in FINDINGS:
-        test = example(body)(test)  # type: ignore[arg-type]
+        test = example(b=body)(test)
     return test
 
 

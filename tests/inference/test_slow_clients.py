@@ -79,7 +79,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
 
 def linear_body() -> bytes:
     x = np.zeros(256, dtype=np.float32)
-    return json.dumps({"inputs": [{"name": "x", "shape": [1, 256], "datatype": "FP32", "data": x.tolist()}]}).encode()
+    return json.dumps(
+        {"inputs": [{"name": "x", "shape": [1, 256], "datatype": "FP32", "data": x.tolist()}]}
+    ).encode()
 
 
 def assert_good_requests_answered(host: str, port: int) -> None:
@@ -166,20 +168,17 @@ def test_connections_stalled_mid_body_get_408_and_are_closed_after_the_body_time
     host, port = server
     body = linear_body()
     direct = [connect(host, port) for _ in range(STALLED)]  # the protocol's own infer path
-    asgi = [connect(host, port) for _ in range(STALLED)]  # uvicorn's ASGI path
-    for s in direct:
-        s.sendall(
-            b"POST /v2/models/linear/infer HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
-            + KEY.encode()
-            + b"\r\ncontent-length: %d\r\n\r\n" % len(body)
-            + body[:100]
-        )
-    for s in asgi:
-        s.sendall(
-            b"POST /v2/repository/index HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
-            + KEY.encode()
-            + b"\r\ncontent-length: 50\r\n\r\n{"
-        )
+    asgi = [connect(host, port) for _ in range(STALLED)]  # uvicorn's ASGI path (not kept alive)
+    for socks, extra in ((direct, b""), (asgi, b"connection: close\r\n")):
+        for s in socks:
+            s.sendall(
+                b"POST /v2/models/linear/infer HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
+                + KEY.encode()
+                + b"\r\n"
+                + extra
+                + b"content-length: %d\r\n\r\n" % len(body)
+                + body[:100]
+            )
     headers_done = time.monotonic()
     try:
         assert_good_requests_answered(host, port)

@@ -142,7 +142,9 @@ def test_metrics_count_the_errors_a_reaper_survived(gateway_server: tuple[str, G
     assert b._reaper.is_alive()
     metrics = requests.get(f"http://{address}/metrics", timeout=10).text
     assert "# TYPE carbonledger_thread_errors_total counter" in metrics
-    assert re.search(r'^carbonledger_thread_errors_total\{thread="linear/1-reaper"\} 1$', metrics, re.M), metrics
+    assert re.search(r'^carbonledger_thread_errors_total\{thread="linear/1-reaper"\} 1$', metrics, re.M), (
+        metrics
+    )
 
 
 # -- the batcher's threads --------------------------------------------------------------------------------
