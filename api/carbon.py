@@ -12,13 +12,20 @@ from django.db.models import Q
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view, parser_classes, permission_classes
 from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.auth import organization_of
-from api.helpers import READ_ADMIN_WRITES, organization_id, query_instant
+from api.helpers import (
+    INSTANT_MAX_YEAR,
+    READ_ADMIN_WRITES,
+    InstantField,
+    organization_id,
+    query_instant,
+)
 from api.openapi import PERIOD, doc
+from api.parsers import JSONParser
 from carbon import co2e, services
 from carbon.models import ContractualInstrument, EmissionFactor, FactorImport, ResidualMix
 from carbon.selectors import (
@@ -67,6 +74,7 @@ def _period(request: Request, default_days: int = 30) -> tuple[datetime, datetim
 
 
 def _import_json(record: FactorImport) -> dict[str, Any]:
+    errors, error_count = services.import_errors(record)
     return {
         "id": record.pk,
         "name": record.name,
@@ -74,7 +82,8 @@ def _import_json(record: FactorImport) -> dict[str, Any]:
         "status": record.status,
         "shared": record.organization_id is None,
         "row_count": record.row_count,
-        "errors": record.errors,
+        "errors": errors,  # the first problems only; error_count says how many there were
+        "error_count": error_count,
         "checksum_sha256": record.checksum_sha256,
         "created_by": record.created_by,
         "created_at": record.created_at.isoformat(),
@@ -117,10 +126,13 @@ def factor_imports(request: Request) -> Response:
     except ServiceError as exc:
         return Response({"error": str(exc)}, status=status.HTTP_409_CONFLICT)
     if record.status != FactorImport.Status.ACCEPTED:
+        body = _import_json(record)
+        shown = len(body["errors"])
+        listed = f" (the first {shown} are listed)" if shown < body["error_count"] else ""
         return Response(
             {
-                "error": f"{len(record.errors)} row(s) rejected; nothing was imported",
-                "import": _import_json(record),
+                "error": f"{body['error_count']} row(s) rejected; nothing was imported{listed}",
+                "import": body,
             },
             status=status.HTTP_422_UNPROCESSABLE_ENTITY,
         )
@@ -182,7 +194,7 @@ def emission_factors(request: Request) -> Response:
 
 class ResidualMixSerializer(serializers.Serializer[Any]):
     zone = serializers.CharField(max_length=32)
-    year = serializers.IntegerField(min_value=1990, max_value=2100)
+    year = serializers.IntegerField(min_value=services.RESIDUAL_MIX_FIRST_YEAR, max_value=INSTANT_MAX_YEAR)
     intensity_g_per_kwh = serializers.DecimalField(max_digits=12, decimal_places=6, min_value=Decimal(0))
     source = serializers.CharField(max_length=1000)
     licence = serializers.CharField(required=False, allow_blank=True, default="")
@@ -216,8 +228,8 @@ class InstrumentSerializer(serializers.Serializer[Any]):
     instrument_id = serializers.CharField(max_length=100)
     kind = serializers.ChoiceField(choices=ContractualInstrument.KINDS)
     zone = serializers.CharField(max_length=32)
-    vintage_start = serializers.DateTimeField()
-    vintage_end = serializers.DateTimeField()
+    vintage_start = InstantField()
+    vintage_end = InstantField()
     mwh = serializers.DecimalField(
         max_digits=16, decimal_places=6, allow_null=True, required=False, default=None
     )
@@ -267,7 +279,7 @@ class SiteSerializer(serializers.Serializer[Any]):
 class PueSerializer(serializers.Serializer[Any]):
     pue = serializers.DecimalField(max_digits=5, decimal_places=3, min_value=Decimal(1), max_value=Decimal(5))
     source = serializers.ChoiceField(choices=("declared", "measured"))
-    valid_from = serializers.DateTimeField()
+    valid_from = InstantField()
     relative_uncertainty = serializers.DecimalField(
         max_digits=6, decimal_places=4, min_value=Decimal(0), required=False, default=Decimal(0)
     )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
-from rest_framework import permissions
+from rest_framework import permissions, serializers
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 
+from carbon import co2e
 from tenancy.access import organization_of, scopes_of
 
 
@@ -27,7 +28,9 @@ def organization_id(request: Request) -> int:
     return int(org.pk)
 
 
-INSTANT_MIN_YEAR, INSTANT_MAX_YEAR = 1970, 2100  # nanoseconds since 1970 fit the ledger's 64-bit columns
+# The one range of years of every stored date and every query (carbon.co2e): nanoseconds since 1970 fit the
+# ledger's 64-bit columns.
+INSTANT_MIN_YEAR, INSTANT_MAX_YEAR = co2e.FIRST_YEAR, co2e.LAST_YEAR
 
 
 def query_instant(request: Request, name: str) -> datetime | None:
@@ -46,6 +49,28 @@ def query_instant(request: Request, name: str) -> datetime | None:
             {name: f"{raw!r} is outside the years {INSTANT_MIN_YEAR}-{INSTANT_MAX_YEAR} the ledger can hold"}
         )
     return value
+
+
+class InstantField(serializers.DateTimeField):
+    """An ISO 8601 date-time (UTC when it names no zone) within the years every stored date keeps to."""
+
+    def to_internal_value(self, value: Any) -> datetime:
+        parsed = super().to_internal_value(value)  # DRF refuses an offset that leaves datetime's range
+        problem = co2e.year_problem(parsed.astimezone(UTC), "the date-time")
+        if problem:
+            raise ValidationError(problem)
+        return parsed
+
+
+class DayField(serializers.DateField):
+    """An ISO 8601 date within the years every stored date keeps to."""
+
+    def to_internal_value(self, value: Any) -> date:
+        parsed = super().to_internal_value(value)
+        problem = co2e.year_problem(parsed, "the date")
+        if problem:
+            raise ValidationError(problem)
+        return parsed
 
 
 class HasAdminScopeForWrites(permissions.BasePermission):

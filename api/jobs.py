@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.auth import organization_of, scopes_of
-from api.helpers import organization_id
+from api.helpers import InstantField, organization_id
 from api.openapi import doc
 from jobs import selectors
 from jobs.inputs import file_too_large
@@ -107,7 +107,7 @@ class JobSubmitSerializer(serializers.Serializer[Any]):
     )
     model = serializers.CharField(max_length=128, help_text="a model of the model repository")
     version = serializers.CharField(max_length=32, required=False, allow_blank=True, default="")
-    deadline = serializers.DateTimeField(help_text="ISO 8601 date-time with a zone (UTC if none)")
+    deadline = InstantField(help_text="ISO 8601 date-time with a zone (UTC if none)")
 
 
 def _mine(request: Request, pk: int) -> Job:

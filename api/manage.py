@@ -17,13 +17,13 @@ from django.http import StreamingHttpResponse
 from rest_framework import serializers, status
 from rest_framework.decorators import api_view, parser_classes, permission_classes
 from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.auth import organization_of, scopes_of
 from api.helpers import READ_ADMIN_WRITES, organization_id, query_instant
 from api.openapi import LEDGER, doc
+from api.parsers import JSONParser
 from carbon.model_stats import model_stats
 from ledger import selectors as ledger_selectors
 from tenancy.models import ApiKey

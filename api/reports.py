@@ -8,13 +8,13 @@ from django.http import HttpResponse
 from rest_framework import permissions, serializers, status
 from rest_framework.decorators import api_view, parser_classes, permission_classes
 from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.auth import organization_of, scopes_of
-from api.helpers import HasReadScope, organization_id
+from api.helpers import DayField, HasReadScope, organization_id
 from api.openapi import doc
+from api.parsers import JSONParser
 from reports import selectors
 from reports.models import Report, ReportFile
 from reports.services import report_recalculate, report_request, report_retry
@@ -63,8 +63,8 @@ def report_json(report: Report) -> dict[str, Any]:
 
 
 class ReportRequestSerializer(serializers.Serializer[Any]):
-    start = serializers.DateField(help_text="first day of the period")
-    end = serializers.DateField(help_text="day after the last day (exclusive)")
+    start = DayField(help_text="first day of the period")
+    end = DayField(help_text="day after the last day (exclusive)")
     accept_broken_chain = serializers.BooleanField(default=False)
 
 

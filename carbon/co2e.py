@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import (
     MAX_EMAX,
     MAX_PREC,
@@ -55,9 +55,12 @@ from typing import Final, Literal, TypeVar
 __all__ = [
     "DIVISION_PRECISION",
     "ENERGY_SPLIT_QUANTUM_J",
+    "FIRST_YEAR",
     "ISO_14064_CATEGORY",
     "J_PER_KWH",
     "J_PER_MWH",
+    "LAST_YEAR",
+    "MAX_VINTAGE",
     "RELEVANT_CRITERIA",
     "AmbiguousFactor",
     "Consumption",
@@ -87,6 +90,8 @@ __all__ = [
     "select_factor",
     "split_by_hour",
     "uncertainty_of_sum",
+    "vintage_problems",
+    "year_problem",
 ]
 
 Granularity = Literal["hour", "year"]
@@ -108,6 +113,17 @@ ENERGY_SPLIT_QUANTUM_J: Final = Decimal("1E-9")
 REPORT_G_QUANTUM: Final = Decimal("0.001")
 REPORT_KWH_QUANTUM: Final = Decimal("0.000001")
 REPORT_RELATIVE_QUANTUM: Final = Decimal("0.0001")
+
+#: The years every stored date and every queried instant must fall in: one range for the services, forms,
+#: serializers and query parsing alike. The ledger counts nanoseconds since 1970 in signed 64-bit columns
+#: (good to 2262); a factor, PUE record, instrument or report outside it would value periods no ledger holds.
+FIRST_YEAR: Final = 1970
+LAST_YEAR: Final = 2100
+
+#: The longest vintage of one instrument: a calendar year, leap years included. Certificates are issued for a
+#: production period, supplier rates are disclosed per year, and Quality Criterion 4 wants the vintage close
+#: to the period of use; a longer contract is recorded as one instrument per year, each with its own MWh.
+MAX_VINTAGE: Final = timedelta(days=366)
 
 SCOPE_CATEGORIES: Final[tuple[ScopeCategory, ...]] = ("scope2", "scope3_cat1")
 
@@ -284,6 +300,27 @@ def _floor_hour(value: datetime) -> datetime:
 
 def _year_start(year: int) -> datetime:
     return datetime(year, 1, 1, tzinfo=UTC)
+
+
+def year_problem(value: date, name: str) -> str:
+    """Why ``value`` (a date, or a datetime in UTC) lies outside the years FIRST_YEAR-LAST_YEAR; "" if not."""
+    if FIRST_YEAR <= value.year <= LAST_YEAR:
+        return ""
+    return f"{name} {value.isoformat()} is outside the years {FIRST_YEAR}-{LAST_YEAR}"
+
+
+def vintage_problems(vintage_start: datetime, vintage_end: datetime) -> tuple[str, ...]:
+    """Why a vintage cannot be covered by one instrument: a bound outside the years, or longer than
+    MAX_VINTAGE. An instrument covers what starts inside its vintage, so an unbounded vintage would cover
+    every period (and an unlimited supplier rate every joule of them)."""
+    start, end = _utc(vintage_start, "vintage_start"), _utc(vintage_end, "vintage_end")
+    problems = [p for p in (year_problem(start, "vintage_start"), year_problem(end, "vintage_end")) if p]
+    if end - start > MAX_VINTAGE:
+        problems.append(
+            f"the vintage {start.isoformat()} to {end.isoformat()} is longer than a year"
+            f" ({MAX_VINTAGE.days} days at most): record one instrument per year"
+        )
+    return tuple(problems)
 
 
 def _one_of(value: _T, allowed: Sequence[_T], name: str) -> None:
@@ -947,13 +984,15 @@ def location_based(consumptions: Iterable[Consumption], factors: Iterable[Factor
 def instrument_problems(instrument: Instrument) -> tuple[str, ...]:
     """Why an instrument cannot be used under the GHG Protocol Scope 2 Quality Criteria; empty if it can.
 
-    Every criterion in :data:`RELEVANT_CRITERIA` for the instrument's kind must be present and ``True``
+    First its vintage (:func:`vintage_problems`): one outside the years or longer than MAX_VINTAGE is not
+    used, so that an instrument covers only the period it holds (its MWh bound the energy). Then every
+    criterion in :data:`RELEVANT_CRITERIA` for the instrument's kind must be present and ``True``
     (absent = not attested = not used). A criterion key this module does not know is the caller's own,
     stricter rule: it fails the instrument when ``False``. A known key that does not apply to the kind
     (``supplier_rate_disclosed`` on a certificate, ``retired_for_reporter`` on a supplier rate) is ignored.
     """
     criteria = instrument.quality_criteria
-    reasons: list[str] = []
+    reasons = list(vintage_problems(instrument.vintage_start, instrument.vintage_end))
     for key in RELEVANT_CRITERIA[instrument.kind]:
         if key not in criteria:
             reasons.append(f"quality criterion {key!r} not attested ({_CRITERION_TEXT[key]})")
@@ -1207,7 +1246,8 @@ def market_based(
     2. Valid instruments are applied, in facility MWh (energy x PUE), to hour slices in chronological order;
        for each slice they are tried in a fixed order: PPAs, supplier rates with a quantity, certificates
        (REC, GO, I-REC), each group by ``instrument_id``, and finally supplier rates with ``mwh=None``. An
-       instrument applies to a slice of its own zone whose start lies in its vintage, until its MWh run out.
+       instrument applies to a slice of its own zone whose start lies in its vintage (at most MAX_VINTAGE
+       long, else it is excluded in step 1), until its MWh run out.
        Only slices whose category is in ``instrument_categories`` (default: ``scope2`` only; the reporter's
        own instruments do not cover a cloud provider's electricity) receive instruments.
     3. What is left is valued at the residual mix of the slice's zone and UTC year. Where the zone has no

@@ -44,9 +44,11 @@ from typing import Literal
 
 __all__ = [
     "DEFAULT_MAX_G_PER_KWH",
+    "DEFAULT_YEARS",
     "ELECTRICITYMAPS_LICENCE",
     "ELECTRICITYMAPS_SOURCE",
     "ELECTRICITYMAPS_URL",
+    "MAX_ERRORS_KEPT",
     "PLAIN_SOURCE",
     "Basis",
     "Granularity",
@@ -75,11 +77,13 @@ DEFAULT_GASES = "CO2e"
 _BASES: dict[str, Basis] = {"direct": "direct", "lifecycle": "lifecycle"}
 _FLAGS: dict[str, bool] = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
 _ONE_HOUR = timedelta(hours=1)
-# Outside this range a date is a typo (2204, 0202) rather than data; it also keeps year + 1 and
-# t + 1h away from datetime's limits.
-_MIN_YEAR = 1900
-_MAX_YEAR = 2100
+# The years a factor may fall in, by default those every stored date keeps to (carbon.co2e.FIRST_YEAR and
+# LAST_YEAR, which the services pass; this module imports only the standard library): outside them a date is
+# a typo (2204, 0202) rather than data, and year + 1 and t + 1h stay away from datetime's limits.
+DEFAULT_YEARS = (1970, 2100)
 _SHOWN_ERRORS = 5
+# How many problems a rejected file reports (with the count of all of them).
+MAX_ERRORS_KEPT = 100
 _SHOWN_CHARS = 60
 
 _PLAIN_COLUMNS = ("zone", "datetime", "g_co2e_per_kwh")
@@ -164,15 +168,21 @@ class ParsedFile:
 
 
 class IntensityImportError(Exception):
-    """The file was rejected as a whole; ``errors`` lists every problem, in line order."""
+    """The file was rejected as a whole. ``errors`` lists its first ``MAX_ERRORS_KEPT`` problems in line
+    order; ``count`` is how many it has in all, on ``lines`` lines (a file of a million bad rows must not
+    become a million messages held, stored and sent back)."""
 
-    def __init__(self, errors: Iterable[RowError]) -> None:
-        self.errors: tuple[RowError, ...] = tuple(sorted(errors, key=lambda e: e.line))
+    def __init__(
+        self, errors: Iterable[RowError], count: int | None = None, lines: int | None = None
+    ) -> None:
+        kept = sorted(errors, key=lambda e: e.line)
+        self.errors: tuple[RowError, ...] = tuple(kept[:MAX_ERRORS_KEPT])
+        self.count = len(kept) if count is None else count
+        self.lines = len({e.line for e in kept}) if lines is None else lines
         super().__init__(self._summary())
 
     def _summary(self) -> str:
-        count = len(self.errors)
-        lines = len({e.line for e in self.errors})
+        count, lines = self.count, self.lines
         head = (
             f"intensity CSV rejected, nothing imported: {count} problem{'' if count == 1 else 's'}"
             f" on {lines} line{'' if lines == 1 else 's'}"
@@ -186,8 +196,41 @@ class IntensityImportError(Exception):
 
     # The default pickling would call __init__ with the summary string; Celery and multiprocessing
     # pickle exceptions, so rebuild from the errors instead.
-    def __reduce__(self) -> tuple[type[IntensityImportError], tuple[tuple[RowError, ...]]]:
-        return (type(self), (self.errors,))
+    def __reduce__(
+        self,
+    ) -> tuple[type[IntensityImportError], tuple[tuple[RowError, ...], int, int]]:
+        return (type(self), (self.errors, self.count, self.lines))
+
+
+class _Errors:
+    """The problems of a file as the parser finds them (in line order): the first ``MAX_ERRORS_KEPT`` kept,
+    all of them counted. ``len()`` is the count, so a builder still sees whether its row added one."""
+
+    __slots__ = ("count", "kept", "last_line", "lines")
+
+    def __init__(self) -> None:
+        self.kept: list[RowError] = []
+        self.count = 0
+        self.lines = 0
+        self.last_line = -1
+
+    def append(self, error: RowError) -> None:
+        self.count += 1
+        if error.line != self.last_line:
+            self.lines += 1
+            self.last_line = error.line
+        if len(self.kept) < MAX_ERRORS_KEPT:
+            self.kept.append(error)
+
+    def extend(self, errors: Iterable[RowError]) -> None:
+        for error in errors:
+            self.append(error)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def rejected(self) -> IntensityImportError:
+        return IntensityImportError(self.kept, self.count, self.lines)
 
 
 def parse_intensity_csv(
@@ -199,6 +242,7 @@ def parse_intensity_csv(
     licence: str | None = None,
     url: str | None = None,
     max_g_per_kwh: Decimal = DEFAULT_MAX_G_PER_KWH,
+    years: tuple[int, int] = DEFAULT_YEARS,
 ) -> ParsedFile:
     """Parse a whole CSV file; return every row, or raise :class:`IntensityImportError`.
 
@@ -208,7 +252,7 @@ def parse_intensity_csv(
     strings for plain; ``ELECTRICITYMAPS_SOURCE``/``_LICENCE``/``_URL`` for Electricity Maps, whose
     ``Data Source`` cell is appended to the source in brackets). Annual files carry their own source,
     licence and url per row; the parameters only fill cells left empty there. A value above
-    ``max_g_per_kwh`` is rejected as implausible.
+    ``max_g_per_kwh`` is rejected as implausible, and so is a date outside ``years`` (first and last).
 
     Raises ``ValueError`` (not :class:`IntensityImportError`) for a ``default_basis`` that is neither
     ``direct`` nor ``lifecycle``, since that is a mistake of the caller, not of the file.
@@ -222,7 +266,7 @@ def parse_intensity_csv(
     ]
     if given:
         raise IntensityImportError([RowError(0, problem) for problem in given])
-    checker = _Checker(known_zones, max_g_per_kwh)
+    checker = _Checker(known_zones, max_g_per_kwh, years)
     errors = checker.errors
     rows: list[IntensityRow] = []
     # (zone, basis, period_start, period_end) -> line of its first occurrence
@@ -297,11 +341,11 @@ def parse_intensity_csv(
 
     if layout is None:
         errors.append(RowError(1, "the file is empty; expected a header row and data rows"))
-        raise IntensityImportError(errors)
+        raise errors.rejected()
     if data_rows == 0:
         errors.append(RowError(header_line + 1, "the file has a header but no data rows"))
     if errors:
-        raise IntensityImportError(errors)
+        raise errors.rejected()
     return ParsedFile(layout=layout, rows=tuple(rows))
 
 
@@ -314,6 +358,7 @@ def parse_intensity_bytes(
     licence: str | None = None,
     url: str | None = None,
     max_g_per_kwh: Decimal = DEFAULT_MAX_G_PER_KWH,
+    years: tuple[int, int] = DEFAULT_YEARS,
 ) -> ParsedFile:
     """Decode ``data`` as UTF-8 (a BOM is allowed) and parse it as :func:`parse_intensity_csv` does.
 
@@ -340,6 +385,7 @@ def parse_intensity_bytes(
         licence=licence,
         url=url,
         max_g_per_kwh=max_g_per_kwh,
+        years=years,
     )
 
 
@@ -380,12 +426,13 @@ def _em_key(name: str) -> str:
 class _Checker:
     """Validates single cells; each failed check appends a RowError and returns None."""
 
-    __slots__ = ("errors", "known_zones", "max_g")
+    __slots__ = ("errors", "known_zones", "max_g", "max_year", "min_year")
 
-    def __init__(self, known_zones: Collection[str] | None, max_g: Decimal) -> None:
-        self.errors: list[RowError] = []
+    def __init__(self, known_zones: Collection[str] | None, max_g: Decimal, years: tuple[int, int]) -> None:
+        self.errors = _Errors()
         self.known_zones = None if known_zones is None else frozenset(z.strip() for z in known_zones)
         self.max_g = max_g
+        self.min_year, self.max_year = years
 
     def zone(self, line: int, text: str, column: str) -> str | None:
         zone = text.strip()
@@ -466,9 +513,11 @@ class _Checker:
             value = value.replace(tzinfo=UTC)
         else:
             value = value.astimezone(UTC)
-        if not _MIN_YEAR <= value.year <= _MAX_YEAR:
+        if not self.min_year <= value.year <= self.max_year:
             self.errors.append(
-                RowError(line, f"bad date {_show(text)} in {column}: year outside {_MIN_YEAR}-{_MAX_YEAR}")
+                RowError(
+                    line, f"bad date {_show(text)} in {column}: year outside {self.min_year}-{self.max_year}"
+                )
             )
             return None
         if value.minute or value.second or value.microsecond:
@@ -485,10 +534,15 @@ class _Checker:
     def year(self, line: int, text: str) -> int | None:
         text = text.strip()
         # isdigit() alone would let through non-ASCII digits and int() would accept "+2023" or "2_023".
-        if len(text) == 4 and text.isascii() and text.isdigit() and _MIN_YEAR <= int(text) <= _MAX_YEAR:
+        if (
+            len(text) == 4
+            and text.isascii()
+            and text.isdigit()
+            and self.min_year <= int(text) <= self.max_year
+        ):
             return int(text)
         self.errors.append(
-            RowError(line, f"bad year {_show(text)}: expected a year from {_MIN_YEAR} to {_MAX_YEAR}")
+            RowError(line, f"bad year {_show(text)}: expected a year from {self.min_year} to {self.max_year}")
         )
         return None
 

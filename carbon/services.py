@@ -21,7 +21,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from carbon import co2e
-from carbon.intensity_csv import IntensityImportError, IntensityRow, parse_intensity_bytes
+from carbon.intensity_csv import MAX_ERRORS_KEPT, IntensityImportError, IntensityRow, parse_intensity_bytes
 from carbon.models import ContractualInstrument, EmissionFactor, FactorImport, PueRecord, ResidualMix
 from carbon.provider_config import configured_providers
 from carbon.providers import IntensityProvider, ProviderError
@@ -33,8 +33,11 @@ from tenancy.services import ServiceError
 SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "grid-intensity"
 SHIPPED_FILES = ("ember_owid_countries_latest.csv", "owid_countries_2021_2023.csv", "egrid2023_us_states.csv")
 SHIPPED_BY = "shipped public figures"
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH = datetime(co2e.FIRST_YEAR, 1, 1, tzinfo=UTC)  # a site's first PUE record is valid from here
 _CREATE_BATCH = 5000
+# Residual mixes exist since attribute tracking does (the 1990s at the earliest): an earlier year is a typo.
+# The last year is the one every stored date keeps to.
+RESIDUAL_MIX_FIRST_YEAR = 1990
 
 
 def _queue_recompute(
@@ -109,9 +112,10 @@ def factor_import_csv(
 ) -> FactorImport:
     """Import a CSV of grid intensities as one new version, all or nothing.
 
-    Returns the import record: ``accepted`` with its factors, or ``rejected`` with every bad row (line and
-    reason) and no factor. A file already accepted for the same owner is refused (``ServiceError``) rather
-    than imported twice. ``allow_new_zones`` accepts zones no factor or site has named yet.
+    Returns the import record: ``accepted`` with its factors, or ``rejected`` with no factor and its first
+    ``MAX_ERRORS_KEPT`` problems (line and reason) and their count (:func:`import_errors` reads both). A file
+    already accepted for the same owner is refused (``ServiceError``) rather than imported twice.
+    ``allow_new_zones`` accepts zones no factor or site has named yet.
     """
     checksum = hashlib.sha256(data).hexdigest()
     earlier = FactorImport.objects.filter(
@@ -128,7 +132,14 @@ def factor_import_csv(
         raise ServiceError(f"relative_uncertainty must be >= 0, got {uncertainty}")
     zones: Collection[str] | None = None if allow_new_zones else known_zones(organization)
     try:
-        parsed = parse_intensity_bytes(data, known_zones=zones, source=source, licence=licence, url=url)
+        parsed = parse_intensity_bytes(
+            data,
+            known_zones=zones,
+            source=source,
+            licence=licence,
+            url=url,
+            years=(co2e.FIRST_YEAR, co2e.LAST_YEAR),
+        )
     except IntensityImportError as exc:
         return FactorImport.objects.create(
             organization=organization,
@@ -136,7 +147,7 @@ def factor_import_csv(
             layout="unknown",
             checksum_sha256=checksum,
             status=FactorImport.Status.REJECTED,
-            errors=[{"line": e.line, "reason": e.reason} for e in exc.errors],
+            errors=_stored_errors(exc),
             created_by=created_by,
         )
     with transaction.atomic():
@@ -158,6 +169,33 @@ def factor_import_csv(
         EmissionFactor.objects.bulk_create(batch)
         _queue_recompute(None if organization is None else organization.pk)
     return record
+
+
+def _stored_errors(exc: IntensityImportError) -> list[dict[str, Any]]:
+    """The kept problems, then (when there were more) one entry with no line saying how many more: the
+    import's ``errors`` column holds both without a schema change."""
+    stored: list[dict[str, Any]] = [{"line": e.line, "reason": e.reason} for e in exc.errors]
+    more = exc.count - len(exc.errors)
+    if more > 0:
+        stored.append(
+            {"line": None, "reason": f"and {more} more problem(s), {exc.count} in all", "more": more}
+        )
+    return stored
+
+
+def import_errors(record: FactorImport) -> tuple[list[dict[str, Any]], int]:
+    """A rejected import's first ``MAX_ERRORS_KEPT`` problems (line and reason) and how many it had in all.
+    Imports stored before the bound are cut on reading, so no answer repeats more."""
+    kept: list[dict[str, Any]] = []
+    total = 0
+    for entry in record.errors or []:
+        if isinstance(entry, dict) and entry.get("line") is None and "more" in entry:
+            total += int(entry["more"])
+            continue
+        total += 1
+        if len(kept) < MAX_ERRORS_KEPT:
+            kept.append(entry)
+    return kept, total
 
 
 def _factor(record: FactorImport, row: IntensityRow, uncertainty: Decimal) -> EmissionFactor:
@@ -197,7 +235,7 @@ def load_shipped_factors() -> list[FactorImport]:
             data=data, name=f"shipped/{filename}", created_by=SHIPPED_BY, allow_new_zones=True
         )
         if record.status != FactorImport.Status.ACCEPTED:
-            raise ServiceError(f"shipped file {filename} was rejected: {record.errors[:3]}")
+            raise ServiceError(f"shipped file {filename} was rejected: {import_errors(record)[0][:3]}")
         made.append(record)
     return made
 
@@ -224,8 +262,8 @@ def residual_mix_create(
         raise ServiceError("zone is required")
     if not source.strip():
         raise ServiceError("source is required: a residual mix must name its publisher")
-    if not 1990 <= int(year) <= 2100:
-        raise ServiceError(f"year must be between 1990 and 2100, got {year}")
+    if not RESIDUAL_MIX_FIRST_YEAR <= int(year) <= co2e.LAST_YEAR:
+        raise ServiceError(f"year must be between {RESIDUAL_MIX_FIRST_YEAR} and {co2e.LAST_YEAR}, got {year}")
     with transaction.atomic():
         mix = ResidualMix.objects.create(
             organization=organization,
@@ -245,9 +283,19 @@ def residual_mix_create(
 
 
 def _aware(value: datetime, name: str) -> datetime:
+    """``value`` in UTC, inside the years every stored date keeps to (co2e.FIRST_YEAR-LAST_YEAR)."""
     if timezone.is_naive(value):
         raise ServiceError(f"{name} must carry a time zone, got {value.isoformat()}")
-    return value.astimezone(UTC)
+    try:
+        value = value.astimezone(UTC)
+    except OverflowError:  # an offset that moves year 1 or 9999 past datetime's range
+        raise ServiceError(
+            f"{name} {value.isoformat()} is outside the years {co2e.FIRST_YEAR}-{co2e.LAST_YEAR}"
+        ) from None
+    problem = co2e.year_problem(value, name)
+    if problem:
+        raise ServiceError(problem)
+    return value
 
 
 def instrument_create(
@@ -281,6 +329,11 @@ def instrument_create(
     mwh_value = None if mwh in (None, "") else _decimal(mwh, "mwh", (16, 6))
     intensity = _decimal(intensity_g_per_kwh, "intensity_g_per_kwh", (12, 6))
     start, end = _aware(vintage_start, "vintage_start"), _aware(vintage_end, "vintage_end")
+    # An instrument covers only the period it holds: a vintage of a year at most (the core excludes a longer
+    # one stored before this check; here it is refused outright).
+    vintage = co2e.vintage_problems(start, end) if start < end else ()
+    if vintage:
+        raise ServiceError("; ".join(vintage))
     try:  # the pure core holds the rules (whole hours, mwh > 0, only a supplier rate may be unlimited)
         co2e.Instrument(
             instrument_id=instrument_id,

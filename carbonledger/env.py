@@ -5,8 +5,12 @@ Every error names the variable, so a bad deployment says what to fix at start-up
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
+import secrets
 from collections.abc import Mapping
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -99,3 +103,106 @@ def database_from_url(name: str, default: str, environ: Mapping[str, str] = os.e
         }
         config["CONN_MAX_AGE"] = 0
     return config
+
+
+def env_list(name: str, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """A comma-separated list; spaces around items and empty items are dropped."""
+    return [item.strip() for item in environ.get(name, "").split(",") if item.strip()]
+
+
+def env_origins(name: str, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """Origins (scheme://host[:port], a host may start with '*.'), as CSRF_TRUSTED_ORIGINS takes them."""
+    origins = env_list(name, environ)
+    for origin in origins:
+        if not origin.startswith(("https://", "http://")) or "/" in origin.split("://", 1)[1]:
+            raise ImproperlyConfigured(
+                f"{name}: {origin!r} must start with https:// or http:// and name a host only"
+                " (https://ledger.example.com)"
+            )
+    return origins
+
+
+def env_networks(name: str, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """IP addresses and networks (10.0.0.0/8, 192.168.1.7, ::1), each as a network in CIDR form."""
+    networks = []
+    for item in env_list(name, environ):
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not an IP address or network") from None
+    return networks
+
+
+def env_proxy_header(name: str, environ: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
+    """``Header-Name: value`` (X-Forwarded-Proto: https) as Django's SECURE_PROXY_SSL_HEADER pair
+    ("HTTP_X_FORWARDED_PROTO", "https"); None when unset."""
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    header, sep, value = raw.partition(":")
+    header, value = header.strip(), value.strip()
+    if not sep or not value or not header or not all(c.isalnum() or c in "-_" for c in header):
+        raise ImproperlyConfigured(
+            f"{name} must be 'Header-Name: value' (X-Forwarded-Proto: https), got {raw!r}"
+        )
+    return "HTTP_" + header.upper().replace("-", "_"), value
+
+
+# The key this project once shipped as its default: published, so never a key for a server.
+PUBLISHED_SECRET_KEY = "carbonledger-dev-only-not-secret"
+
+
+def _weak_secret_key(key: str) -> bool:
+    # Django's own test (check --deploy, security.W009): short, few distinct characters, or generated as
+    # insecure; and the key this project once published.
+    return (
+        key == PUBLISHED_SECRET_KEY
+        or key.startswith("django-insecure-")
+        or len(key) < 50
+        or len(set(key)) < 5
+    )
+
+
+def secret_key(name: str, key_file: Path, *, debug: bool, environ: Mapping[str, str] = os.environ) -> str:
+    """The secret key: ``name`` from the environment (replicas share one that way), else the one kept in
+    ``key_file``, made on the first start (random, mode 0600) so a single machine needs no set-up. With
+    ``debug`` off a published or weak key is refused, naming the variable."""
+    raw = environ.get(name, "")
+    if raw:
+        if not debug and _weak_secret_key(raw):
+            raise ImproperlyConfigured(
+                f"{name} is the published development key or too weak (under 50 characters, or under 5 distinct"
+                f" ones, or django-insecure-); with DEBUG off set {name} to a long random value, e.g. the output"
+                " of: python -c 'import secrets; print(secrets.token_urlsafe(64))'"
+            )
+        return raw
+    try:
+        key = _kept_secret_key(key_file)
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"{name} is not set and {key_file} cannot be read or made ({exc.strerror or exc}); set {name}"
+        ) from None
+    if not debug and _weak_secret_key(key):
+        raise ImproperlyConfigured(
+            f"{name} is not set and {key_file} holds a weak key; delete the file (a new one is made) or set {name}"
+        )
+    return key
+
+
+def _kept_secret_key(key_file: Path) -> str:
+    """The key in ``key_file``; a new random one (mode 0600) when there is none. Processes starting together
+    (the server and the worker of `make run`) agree: the file appears whole, by a hard link, or not at all."""
+    if not key_file.exists():
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        temporary = key_file.with_name(f".{key_file.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(64) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            with contextlib.suppress(FileExistsError):  # another process made it first: use theirs
+                os.link(temporary, key_file)
+        finally:
+            temporary.unlink(missing_ok=True)
+    return key_file.read_text(encoding="utf-8").strip()

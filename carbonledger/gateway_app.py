@@ -15,16 +15,18 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from carbon.selectors import grid_signal
+from inference.errors import THREAD_ERRORS, ThreadErrors
 from inference.gateway import Gateway, Principal
 from inference.meters import registry
 from inference.recorder import LedgerRecorder, RecorderOptions
 from inference.repository import GatewayOptions
 from inference.spool import Spool
-from ledger.writer import LedgerWriter, default_site
+from ledger.selectors import quarantined_count
+from ledger.writer import LedgerWriter, default_site, read_drainer_status
 from tenancy import selectors
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,10 @@ def detect_meters() -> list[Any]:
     return meters
 
 
+class DrainerThreadError(Exception):
+    """Stands in this process's tally for a failure a thread of the drainer process survived and logged."""
+
+
 class DrainerProcess:
     """The ledger writer in a process of its own (``manage.py drain_ledger``), kept running.
 
@@ -97,6 +103,9 @@ class DrainerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
+        # Thread error counts each drainer process started here published, as far as they are in this
+        # process's tally already (a status file left by another gateway's drainer is not ours).
+        self._mirrored: dict[int, dict[str, int]] = {}
 
     def _spawn(self) -> None:
         manage = Path(settings.BASE_DIR) / "manage.py"
@@ -107,7 +116,25 @@ class DrainerProcess:
         self.proc = subprocess.Popen(
             [*argv, "--parent-pid", str(os.getpid())], cwd=settings.BASE_DIR, start_new_session=True
         )
+        self._mirrored.setdefault(self.proc.pid, {})
         log.info("ledger writer process %d drains %s", self.proc.pid, self.spool_dir)
+
+    def mirror_thread_errors(self) -> None:
+        """Count in this process's tally (hence in /metrics) the failures the drainer process's threads
+        survived since the last call, as it publishes them next to the spool."""
+        status = read_drainer_status(self.spool_dir)
+        if status is None or status[0] not in self._mirrored:
+            return
+        pid, counts = status
+        mirrored = self._mirrored[pid]
+        for thread, count in counts.items():
+            for _ in range(count - mirrored.get(thread, 0)):
+                THREAD_ERRORS.record(
+                    DrainerThreadError(f"ledger writer process {pid}, thread {thread}"),
+                    f"the ledger writer process {pid} survived a failure in its thread {thread} (its log says which)",
+                    thread=thread,
+                )
+            mirrored[thread] = max(count, mirrored.get(thread, 0))
 
     def start(self) -> None:
         self._spawn()
@@ -117,13 +144,19 @@ class DrainerProcess:
     def _watch(self) -> None:
         backoff = 1.0
         while not self._stopping.wait(backoff):
-            proc = self.proc
-            if proc is not None and proc.poll() is not None and not self._stopping.is_set():
-                log.error("ledger writer process %d exited with %s; restarting it", proc.pid, proc.returncode)
-                self._spawn()
-                backoff = min(30.0, backoff * 2)
-            else:
-                backoff = 1.0
+            try:
+                proc = self.proc
+                if proc is not None and proc.poll() is not None and not self._stopping.is_set():
+                    log.error(
+                        "ledger writer process %d exited with %s; restarting it", proc.pid, proc.returncode
+                    )
+                    # Before the spawn: a spawn that fails must not be retried at once either.
+                    backoff = min(30.0, backoff * 2)
+                    self._spawn()
+                else:
+                    backoff = 1.0
+            except Exception as exc:  # a watchdog that dies would leave the spool undrained for good
+                THREAD_ERRORS.record(exc, "the ledger writer's watchdog could not restart it; it tries again")
 
     def stop(self) -> None:
         self._stopping.set()
@@ -138,6 +171,73 @@ class DrainerProcess:
             log.error("ledger writer process %d did not stop; killing it", self.proc.pid)
             self.proc.kill()
             self.proc.wait(5)
+
+
+class LedgerStatusService:
+    """What /metrics says about the ledger, kept on a thread of its own every ``interval_s``: the spool lines
+    quarantined and not yet resolved (one indexed count in the database), and the failures the drainer
+    process's threads survived. A scrape (on the event loop) reads this snapshot, never the database."""
+
+    def __init__(self, interval_s: float, drainer: DrainerProcess | None = None) -> None:
+        self.interval_s = interval_s
+        self.drainer = drainer
+        self.quarantined: int | None = None  # None until the first count
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> None:
+        self.quarantined = quarantined_count()
+        if self.drainer is not None:
+            self.drainer.mirror_thread_errors()
+
+    def prometheus_lines(self) -> list[str]:
+        quarantined = self.quarantined
+        if quarantined is None:
+            return []
+        name = "carbonledger_ledger_quarantined_records"
+        return [
+            f"# HELP {name} spool lines the database refused for their data, neither retried nor dismissed "
+            "(manage.py ledger_quarantine); the records around them were written",
+            f"# TYPE {name} gauge",
+            f"{name} {quarantined}",
+        ]
+
+    def _run(self) -> None:
+        try:
+            while True:
+                try:
+                    close_old_connections()
+                    self.refresh()
+                except Exception as exc:  # the database may be down: /metrics keeps the last count
+                    THREAD_ERRORS.record(
+                        exc, "the ledger's quarantine not counted; /metrics keeps the last count"
+                    )
+                if self._stop.wait(self.interval_s):
+                    return
+        finally:
+            connection.close()  # this thread's own connection (Django's are per thread)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ledger-status", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+class LedgerGateway(Gateway):
+    """The inference gateway, with what the Django side knows of the ledger appended to /metrics."""
+
+    def __init__(self, *args: Any, ledger_status: LedgerStatusService | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ledger_status = ledger_status
+
+    def metrics(self) -> bytes:
+        body = super().metrics()
+        lines = self.ledger_status.prometheus_lines() if self.ledger_status is not None else []
+        return body + "".join(f"{line}\n" for line in lines).encode() if lines else body
 
 
 class WriterService:
@@ -172,9 +272,10 @@ class GridSignalService:
     gateway's site (where its devices are placed) and hands them to the gateway's grid state, on a thread of
     its own (the ORM never runs on the event loop)."""
 
-    def __init__(self, interval_s: float) -> None:
+    def __init__(self, interval_s: float, thread_errors: ThreadErrors = THREAD_ERRORS) -> None:
         self.interval_s = interval_s
         self.grid: Any = None  # the repository's GridState, set once the gateway is built
+        self._thread_errors = thread_errors
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -192,8 +293,9 @@ class GridSignalService:
             try:
                 close_old_connections()  # a connection the database dropped since the last round
                 self.refresh()
-            except Exception:  # the database may be down: serving goes on with the last state
-                log.exception("carbon-aware signal not refreshed; keeping the last one")
+            except Exception as exc:  # the database may be down: serving goes on with the last state
+                # Logged once (not every round while it lasts) and counted in /metrics.
+                self._thread_errors.record(exc, "carbon-aware signal not refreshed; keeping the last one")
             if self._stop.wait(self.interval_s):
                 return
 
@@ -211,6 +313,7 @@ def build_gateway() -> Gateway:
     hooks: list[Any] = []
     services: list[Any] = []
     admission = None
+    ledger_status = None
     if settings.LEDGER_ENABLED:
         spool = Spool(settings.SPOOL_DIR, max_backlog_bytes=settings.SPOOL_MAX_BYTES)
         spool.sync_acknowledged()  # what a drainer process already had in the database
@@ -229,14 +332,18 @@ def build_gateway() -> Gateway:
             ),
         )
         hooks.append(recorder.hook_for)
+        ledger_status = LedgerStatusService(
+            settings.LEDGER_STATUS_INTERVAL_S,
+            writer_service if isinstance(writer_service, DrainerProcess) else None,
+        )
         # Stopped in reverse: the recorder spools its last interval, the writer drains, then the
         # spool closes.
-        services = [SpoolService(spool), writer_service, recorder]
+        services = [SpoolService(spool), writer_service, recorder, ledger_status]
         admission = recorder
     signal_service = GridSignalService(settings.CARBON_SIGNAL_INTERVAL_S) if settings.CARBON_AWARE else None
     if signal_service is not None:
         services.append(signal_service)
-    gateway = Gateway(
+    gateway = LedgerGateway(
         settings.MODEL_REPOSITORY,
         gateway_options(),
         resolve_principal,
@@ -244,6 +351,7 @@ def build_gateway() -> Gateway:
         key_cache_seconds=settings.API_KEY_CACHE_SECONDS,
         services=services,
         admission=admission,
+        ledger_status=ledger_status,
     )
     if signal_service is not None:
         signal_service.grid = gateway.repository.grid

@@ -2,21 +2,44 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
-from carbonledger.env import database_from_url, env_bool, env_choice, env_float, env_int, env_str
+from carbonledger.env import (
+    database_from_url,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_networks,
+    env_origins,
+    env_proxy_header,
+    env_str,
+    secret_key,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("CARBONLEDGER_VAR_DIR", str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)  # the embedded SQLite database, spool and broker live here
 
-SECRET_KEY = env_str("SECRET_KEY", "carbonledger-dev-only-not-secret")
 DEBUG = env_bool("DEBUG", False)
+# From the environment (replicas share one that way), else var/secret-key, made on the first start (mode 0600);
+# with DEBUG off a published or weak key stops the start naming SECRET_KEY (docs/settings.md).
+SECRET_KEY = secret_key("SECRET_KEY", VAR_DIR / "secret-key", debug=DEBUG)
 ALLOWED_HOSTS = [
     h.strip()
     for h in env_str("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",")
     if h.strip()
 ]
+# TLS and proxies: secure cookies and HSTS once served over HTTPS; the header a TLS-terminating proxy sets;
+# origins allowed to POST forms from elsewhere; the proxies whose X-Forwarded-For names the client
+# (carbonledger/login_security.py). Off by default: `make run` serves plain HTTP on this machine.
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_PROXY_SSL_HEADER = env_proxy_header("SECURE_PROXY_SSL_HEADER")
+CSRF_TRUSTED_ORIGINS = env_origins("CSRF_TRUSTED_ORIGINS")
+TRUSTED_PROXIES = env_networks("TRUSTED_PROXIES")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -28,6 +51,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",
     # The project package: wiring, and the schema history of the models that now live in the apps below.
     "carbonledger",
     "tenancy",
@@ -48,7 +72,22 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes asks: turns a lock-out into its answer
 ]
+
+# Sign-in throttling (django-axes): LOGIN_FAILURE_LIMIT wrong passwords for one user name from one client
+# address lock that pair out for LOGIN_LOCKOUT_MINUTES; the same user elsewhere and other users at the same
+# address (a shared proxy) still sign in. The address comes from carbonledger/login_security.py.
+AUTHENTICATION_BACKENDS = [
+    "carbonledger.login_security.LoginThrottle",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("LOGIN_LOCKOUT_MINUTES", 15.0, minimum=0.1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_CLIENT_IP_CALLABLE = "carbonledger.login_security.client_ip"
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False  # no banner at every start of every process; lock-outs are still logged
 
 ROOT_URLCONF = "carbonledger.urls"
 TEMPLATES = [
@@ -83,6 +122,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # DRF's JSON parser with a bounded nesting depth (api/parsers.py); forms and files as DRF parses them.
+    "DEFAULT_PARSER_CLASSES": [
+        "api.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 SPECTACULAR_SETTINGS = {
@@ -112,6 +157,12 @@ GATEWAY_ONNX_THREADS = env_int("GATEWAY_ONNX_THREADS", 1, minimum=1)
 API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0, minimum=0.0)
 GATEWAY_SWITCH_INTERVAL_S = env_float("GATEWAY_SWITCH_INTERVAL_S", 0.001, minimum=0.0001)
 GATEWAY_GC_FREEZE = env_bool("GATEWAY_GC_FREEZE", True)  # gc.freeze() once the models are loaded
+# Slow and greedy clients (inference/http_protocol.py): read time-outs, header caps, connections per process.
+GATEWAY_HEADER_TIMEOUT_S = env_float("GATEWAY_HEADER_TIMEOUT_S", 10.0, minimum=0.1, maximum=3600.0)
+GATEWAY_BODY_TIMEOUT_S = env_float("GATEWAY_BODY_TIMEOUT_S", 60.0, minimum=0.1, maximum=3600.0)
+GATEWAY_MAX_HEADERS = env_int("GATEWAY_MAX_HEADERS", 100, minimum=8)
+GATEWAY_MAX_HEADER_BYTES = env_int("GATEWAY_MAX_HEADER_BYTES", 16384, minimum=1024)
+GATEWAY_MAX_CONNECTIONS = env_int("GATEWAY_MAX_CONNECTIONS", 1000, minimum=1)
 
 # -- Celery: an embedded filesystem broker by default, Redis or RabbitMQ from the environment --
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
@@ -146,6 +197,8 @@ SPOOL_MAX_BYTES = env_int("SPOOL_MAX_BYTES", 1 << 30, minimum=1 << 16)
 # keeps the gateway above 90 % of its ledger-off throughput on this 2-core machine; 0.2 s and
 # nice 10 cost it a third.
 LEDGER_WRITE_INTERVAL_S = env_float("LEDGER_WRITE_INTERVAL_S", 1.0, minimum=0.01)
+# How often the gateway counts the quarantined spool lines for /metrics (off the event loop; one indexed count).
+LEDGER_STATUS_INTERVAL_S = env_float("LEDGER_STATUS_INTERVAL_S", 15.0, minimum=0.1)
 # "process": a drain_ledger process of its own, started by the gateway (off the event loop's
 # GIL); "thread": inside the gateway process (tests that share the test database).
 LEDGER_WRITER = env_choice("LEDGER_WRITER", "process", ("process", "thread"))

@@ -3,13 +3,21 @@ it names."""
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 from django import forms
 
+from carbon import co2e
 from carbon.models import ContractualInstrument
 from tenancy.models import Site
+
+
+def within_years(value: date) -> None:
+    """The years every stored date keeps to (co2e.FIRST_YEAR-LAST_YEAR), as for the API and the services."""
+    problem = co2e.year_problem(value, "the date")
+    if problem:
+        raise forms.ValidationError(problem)
 
 
 class SiteForm(forms.Form):
@@ -81,12 +89,19 @@ class InstrumentForm(forms.Form):
     )
 
     def clean_vintage_start(self) -> object:
-        value = self.cleaned_data["vintage_start"]
-        return value.astimezone(UTC)
+        return _utc_within_years(self.cleaned_data["vintage_start"])
 
     def clean_vintage_end(self) -> object:
-        value = self.cleaned_data["vintage_end"]
-        return value.astimezone(UTC)
+        return _utc_within_years(self.cleaned_data["vintage_end"])
+
+
+def _utc_within_years(value: datetime) -> datetime:
+    try:
+        value = value.astimezone(UTC)
+    except OverflowError:  # a date at datetime's very edge, moved past it by the zone
+        raise forms.ValidationError(f"outside the years {co2e.FIRST_YEAR}-{co2e.LAST_YEAR}") from None
+    within_years(value)
+    return value
 
 
 class FactorUploadForm(forms.Form):
@@ -99,8 +114,8 @@ class FactorUploadForm(forms.Form):
 
 
 class ReportForm(forms.Form):
-    start = forms.DateField(help_text="first day (YYYY-MM-DD)")
-    end = forms.DateField(help_text="day after the last (exclusive)")
+    start = forms.DateField(help_text="first day (YYYY-MM-DD)", validators=[within_years])
+    end = forms.DateField(help_text="day after the last (exclusive)", validators=[within_years])
 
 
 # The job submission form (the API's serializer checks the same fields).
@@ -108,4 +123,4 @@ class JobForm(forms.Form):
     file = forms.FileField(help_text="JSON Lines: one KServe v2 infer request body (JSON) per line")
     model = forms.CharField(max_length=128, help_text="a model of the model repository, e.g. linear")
     version = forms.CharField(max_length=32, required=False, help_text="empty: the latest ready version")
-    deadline = forms.DateTimeField(help_text="UTC, e.g. 2026-12-04 18:00")
+    deadline = forms.DateTimeField(help_text="UTC, e.g. 2026-12-04 18:00", validators=[within_years])

@@ -190,9 +190,9 @@ def settings_page(request: HttpRequest) -> HttpResponse:
             upload_form.add_error("file", str(exc))
         else:
             if upload_result.status != FactorImport.Status.ACCEPTED:
-                upload_form.add_error(
-                    "file", f"{len(upload_result.errors)} row(s) rejected; nothing was imported"
-                )
+                shown, count = carbon.import_errors(upload_result)
+                listed = "; the first ones are listed below" if len(shown) < count else ""
+                upload_form.add_error("file", f"{count} row(s) rejected; nothing was imported{listed}")
     elif action == "device":
         device = Device.objects.filter(
             site__organization_id=org_id, device_id=request.POST.get("device_id", "")

@@ -20,14 +20,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.db import IntegrityError
+
+from carbon import co2e
 from carbon.services import site_create
 from inference.allocation import split_largest_remainder
+from ledger.models import LedgerChain
 from ledger.writer import append_records
 from tenancy.models import Device, Organization, Site
 from tenancy.services import ServiceError
 
 _INTERVAL_S = 60
 _NS = 1_000_000_000
+# Bounds of one load: ten years of minutes, and a number of requests a benchmark can still wait for.
+MAX_DAYS = 3660
+MAX_REQUESTS = 100_000_000
 
 
 @dataclass(frozen=True)
@@ -126,28 +133,49 @@ def generate_ledger(
 ) -> SyntheticResult:
     """Write ``requests`` synthetic requests spread over ``days`` days ending at ``end`` (default: the start
     of the current hour), with their batches, metering intervals, idle lines and energy parts."""
-    if requests < 0:
-        raise ServiceError(f"requests must be >= 0, got {requests}")
-    if days <= 0:
-        raise ServiceError(f"days must be > 0, got {days}")
+    if not 0 <= requests <= MAX_REQUESTS:
+        raise ServiceError(f"requests must be from 0 to {MAX_REQUESTS}, got {requests}")
+    if not (math.isfinite(days) and 0 < days <= MAX_DAYS):
+        raise ServiceError(f"days must be above 0 and at most {MAX_DAYS}, got {days}")
     started = time.perf_counter()
     end_at = (end or datetime.now(UTC)).astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     minutes = max(1, int(days * 1440))
     start_at = end_at - timedelta(minutes=minutes)
+    for bound, name in ((start_at, "the first minute"), (end_at, "the end")):
+        problem = co2e.year_problem(bound, f"{name} of the synthetic ledger")
+        if problem:
+            raise ServiceError(problem)
+    rng = random.Random(seed)
+    # Ids start with this prefix (the chain id's last six digits): the same organization and seed give the
+    # same ids, so a second load of them is refused here, by name, rather than by the ledger's unique keys.
+    prefix = f"{(rng.getrandbits(24) ^ (organization.pk * 0x9E3779)) & 0xFFFFFF:06x}"
+    earlier = LedgerChain.objects.filter(
+        chain_id__startswith=f"synthetic-{organization.slug}-", chain_id__endswith=f"-{prefix}"
+    ).first()
+    if earlier is not None:
+        raise ServiceError(
+            f"the synthetic ledger of seed {seed} is already loaded for {organization.slug} (chain "
+            f"{earlier.chain_id}); pass another seed to add more traffic"
+        )
     gpu, cpu = _devices(organization.slug)
     for device in (gpu, cpu):
         _place(organization, device)
-    rng = random.Random(seed)
-    chain_id = f"synthetic-{organization.slug}-{int(time.time())}-{rng.getrandbits(24):06x}"
+    chain_id = f"synthetic-{organization.slug}-{int(time.time())}-{prefix}"
     written = 0
     buffer: list[dict[str, Any]] = []
-    for records in _minutes(organization.pk, chain_id, start_at, minutes, requests, gpu, cpu, rng):
-        buffer.extend(records)
-        if len(buffer) >= 60_000:
+    try:
+        for records in _minutes(organization.pk, chain_id, start_at, minutes, requests, gpu, cpu, rng):
+            buffer.extend(records)
+            if len(buffer) >= 60_000:
+                written += append_records(chain_id, buffer)
+                buffer = []
+        if buffer:
             written += append_records(chain_id, buffer)
-            buffer = []
-    if buffer:
-        written += append_records(chain_id, buffer)
+    except IntegrityError:
+        # Another organization's load whose prefix came out the same (one in 16 million).
+        raise ServiceError(
+            f"the ids of this synthetic ledger (s{prefix}.*) are already in the ledger; pass another seed"
+        ) from None
     return SyntheticResult(requests, written, start_at, end_at, chain_id, time.perf_counter() - started)
 
 

@@ -24,6 +24,9 @@ Beyond Triton:
 * a client timeout is honoured even when the level has no default timeout;
 * expired requests are rejected by a reaper thread, so promptly even while every instance
   is busy executing;
+* the instance and reaper threads survive a failing iteration: it is logged once, counted
+  (``THREAD_ERRORS``, shown in /metrics) and the thread goes on; a batch it had taken is
+  answered with a 500 rather than left waiting;
 * adaptive delay (on by default, a model setting): when the queue already holds as many
   requests as the recent peak in flight, no one else can send, so dispatch now rather than
   wait out ``max_queue_delay``;
@@ -45,13 +48,27 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from inference.efficiency import EfficiencyPlanner, EfficiencySettings
-from inference.errors import InferenceError, QueueFull, RequestTimeout, ShuttingDown
+from inference.errors import (
+    THREAD_ERRORS,
+    InferenceError,
+    QueueFull,
+    RequestTimeout,
+    ShuttingDown,
+    ThreadErrors,
+)
 from inference.variants import GridState
 
 log = logging.getLogger(__name__)
 
 QUEUED, RUNNING, DONE = 0, 1, 2
 PEAK_WINDOW_NS = 1_000_000_000
+# The longest a thread sleeps at once: a far deadline (a default timeout of days) is waited for in steps, since
+# a lock's timeout raises OverflowError past threading.TIMEOUT_MAX.
+MAX_WAIT_S = 3600.0
+# After an iteration fails, a thread pauses this long before the next (doubling up to ERROR_PAUSE_MAX_S while
+# failures repeat), so that a failure on every turn cannot spin a core.
+ERROR_PAUSE_S = 0.01
+ERROR_PAUSE_MAX_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +197,10 @@ class DynamicBatcher:
         clock: Callable[[], int] = time.monotonic_ns,
         grid: GridState | None = None,
         carbon_aware_efficiency: float = 1.0,
+        thread_errors: ThreadErrors = THREAD_ERRORS,
     ) -> None:
         self.name = name
+        self._thread_errors = thread_errors
         self.policy = policy
         self._execute_factory = execute_factory
         self._deliver = deliver
@@ -213,6 +232,7 @@ class DynamicBatcher:
         self._window_start = 0
         self._batch_ns_avg = 0.0
         self._stopping = False
+        self._stopped = threading.Event()  # set with _stopping; interrupts a pause after a failed iteration
         self._threads: list[threading.Thread] = []
         self._reaper: threading.Thread | None = None
         # A planner with the knob above 0, or with a latency objective and a grid state to lean on when the
@@ -246,6 +266,7 @@ class DynamicBatcher:
         """Stop the instances after their current batch; reject whatever is still queued."""
         with self._lock:
             self._stopping = True
+            self._stopped.set()
             leftovers = list(self._iter_queue())
             for q in (*self._queues, *self._delayed):
                 q.clear()
@@ -466,13 +487,31 @@ class DynamicBatcher:
     # -- threads -----------------------------------------------------------------------------
 
     def _instance_loop(self, index: int, run: ExecuteFn) -> None:
-        clock = self._clock
+        failures = 0
         while True:
-            expired: list[Pending] = []
+            try:
+                if not self._instance_step(index, run):
+                    return
+                failures = 0
+            except Exception as exc:  # the thread goes on: a dead instance would stall its model for good
+                failures += 1
+                self._thread_errors.record(
+                    exc,
+                    f"an iteration of instance {index} of model '{self.name}' failed; the instance goes on",
+                )
+                if self._pause_after_error(failures):
+                    return
+
+    def _instance_step(self, index: int, run: ExecuteFn) -> bool:
+        """Takes one batching decision: rejects what expired, runs a batch if one is due. False once stopping."""
+        clock = self._clock
+        expired: list[Pending] = []
+        n = 0
+        try:
             with self._lock:
                 while True:
                     if self._stopping:
-                        return
+                        return False
                     now = clock()
                     if self._deadlines and self._deadlines[0][0] <= now:
                         expired.extend(self._expire_due(now))
@@ -489,11 +528,22 @@ class DynamicBatcher:
                         finally:
                             self._idle_waiters -= 1
                     else:
-                        self._work.wait(wait_ns / 1e9)
-            if expired:
+                        self._work.wait(min(wait_ns / 1e9, MAX_WAIT_S))
+        except Exception:
+            if expired:  # taken off the queue already: answered, whatever failed after
                 self._reject_timed_out(expired)
-                if not n:
-                    continue
+            raise
+        if expired:
+            self._reject_timed_out(expired)
+            if not n:
+                return True
+        self._run_batch(index, run, batch)
+        return True
+
+    def _run_batch(self, index: int, run: ExecuteFn, batch: list[Pending]) -> None:
+        clock = self._clock
+        finishing = False
+        try:
             for hook in self._hooks:
                 try:
                     hook.begin(index, batch)
@@ -513,13 +563,13 @@ class DynamicBatcher:
                 results = [err] * len(batch)
             end = clock()
             with self._lock:
-                self._in_flight -= len(batch)
                 self._batch_ns_avg = (
                     0.9 * self._batch_ns_avg + 0.1 * (end - start) if self._batch_ns_avg else (end - start)
                 )
                 for p in batch:
                     p.state = DONE
                     p.done_ns = end
+                self._in_flight -= len(batch)
             timing = BatchTiming(start, end, t_in, t_infer, t_out)
             if self.planner is not None and error is None:  # a failure's timing says nothing of the cost
                 self.planner.batch_done(
@@ -533,7 +583,32 @@ class DynamicBatcher:
                     error = refused  # later hooks (statistics) see the batch as failed
                 except Exception:  # a hook must not stop serving, but say so
                     log.exception("batch hook failed after a batch of model %s", self.name)
+            finishing = True
             self._finish(list(zip(batch, results, strict=True)))
+        except Exception:
+            self._fail_batch(batch, finishing)
+            raise
+
+    def _fail_batch(self, batch: list[Pending], finishing: bool) -> None:
+        """Answers a batch whose iteration failed with a 500, so that no client waits for it forever."""
+        err = InferenceError(
+            f"internal error in the batcher of model '{self.name}'; the batch was not completed"
+        )
+        with self._lock:
+            for p in batch:
+                if p.state != DONE:
+                    p.state = DONE
+                    self._in_flight -= 1
+        items = [(p, err) for p in batch]
+        if finishing:
+            # Delivery itself failed: hand the errors over directly (any ordering hold-back is already undone).
+            self._deliver(items)
+        else:
+            self._finish(items)
+
+    def _pause_after_error(self, failures: int) -> bool:
+        """Waits before the next iteration after ``failures`` failed in a row; True when stopping meanwhile."""
+        return self._stopped.wait(min(ERROR_PAUSE_MAX_S, ERROR_PAUSE_S * 2 ** min(failures - 1, 10)))
 
     def _reject_timed_out(self, expired: list[Pending]) -> None:
         self._finish(
@@ -546,18 +621,34 @@ class DynamicBatcher:
             self._reaper.start()
 
     def _reaper_loop(self) -> None:
+        failures = 0
         while True:
-            with self._lock:
-                if self._stopping:
+            try:
+                if not self._reap_step():
                     return
-                now = self._clock()
-                expired = self._expire_due(now)
-                if not expired:
-                    wait = (self._deadlines[0][0] - now) / 1e9 if self._deadlines else None
-                    self._reap.wait(wait)
-                    continue
-                self._work.notify()  # a DELAYed or removed head may change the next plan
-            self._reject_timed_out(expired)
+                failures = 0
+            except Exception as exc:  # a dead reaper would leave every queue timeout unenforced
+                failures += 1
+                self._thread_errors.record(
+                    exc, f"an iteration of the reaper of model '{self.name}' failed; the reaper goes on"
+                )
+                if self._pause_after_error(failures):
+                    return
+
+    def _reap_step(self) -> bool:
+        """Rejects the requests whose timeout passed, or sleeps until the next one can. False once stopping."""
+        with self._lock:
+            if self._stopping:
+                return False
+            now = self._clock()
+            expired = self._expire_due(now)
+            if not expired:
+                wait = min((self._deadlines[0][0] - now) / 1e9, MAX_WAIT_S) if self._deadlines else None
+                self._reap.wait(wait)
+                return True
+            self._work.notify()  # a DELAYed or removed head may change the next plan
+        self._reject_timed_out(expired)
+        return True
 
     def _finish(self, items: list[tuple[Pending, Any]]) -> None:
         if not self.policy.preserve_ordering:

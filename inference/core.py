@@ -252,6 +252,11 @@ def complete(items: list[tuple[Pending, Any]]) -> None:
             call.future.set_result(result)
 
 
+# The longest queue timeout a client may ask for (docs/gateway.md): one hour. A request that waits longer in a
+# queue is lost anyway, and an unbounded one overflowed the reaper's wait.
+MAX_CLIENT_TIMEOUT_US = 3_600_000_000
+
+
 def schedule_params(req: InferRequest) -> tuple[int, int]:
     """The request's ``priority`` and ``timeout`` (µs) parameters, 0 when absent."""
     params = req.parameters
@@ -260,6 +265,11 @@ def schedule_params(req: InferRequest) -> tuple[int, int]:
     for key, value in (("priority", priority), ("timeout", timeout)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise InvalidInput(f"request parameter '{key}' must be a non-negative integer, got {value!r}")
+    if timeout > MAX_CLIENT_TIMEOUT_US:
+        raise InvalidInput(
+            f"request parameter 'timeout' must be at most {MAX_CLIENT_TIMEOUT_US} microseconds (one hour), "
+            f"got {timeout}"
+        )
     return priority, timeout
 
 

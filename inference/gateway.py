@@ -366,7 +366,7 @@ class DirectInfer:
         pending.payload.on_done = partial(_answer_direct, core, mv, pending, respond)
 
 
-_WANTED = frozenset({b"authorization", b"content-length", b"inference-header-content-length"})
+_WANTED = frozenset({b"authorization", b"content-length", b"host", b"inference-header-content-length"})
 
 
 def wanted_headers(pairs: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes]:

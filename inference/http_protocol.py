@@ -18,13 +18,30 @@ writes the answer in one write when the batch's results reach the event loop. Th
 build a scope, a task, receive/send messages and a future for each request; the gateway's checks,
 statistics, ledger and answers are the same either way. Every other request, and an infer request
 that arrives behind an unfinished one on the same connection (pipelining), takes uvicorn's path.
+
+Slow and greedy clients (class attributes, set from the settings by ``with_limits``): a request's header
+block must arrive within ``header_timeout_s`` (counted from its first byte, or from the connection while
+nothing has arrived) and its body within ``body_timeout_s`` of the headers' end, or the connection is answered
+408 and closed (closed silently when nothing was asked yet); a time-out covers the whole phase, so trickling a
+byte at a time does not extend it. Header blocks over ``max_headers`` or ``max_header_bytes`` get 431, and
+connections beyond ``max_connections`` in the process get 503, each with the connection closed. Waiting on the
+server (an answer being computed, or reading paused by flow control) never counts against the client.
+
+The time-outs cost the request path no timer and no clock read: a request only notes its phase in a slot (and
+where it began), and one sweep per server, about every second, times each phase from the first sweep that saw
+it and closes the connections past their time-out, which therefore fires between one and two sweep intervals
+late, never early. A timer per connection re-armed per phase would allocate two handles and push and cancel
+two heap entries for every request, on the event loop's thread: several times what the phase bookkeeping costs.
+The sweep costs one callback a second whatever the load.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from typing import Any, Protocol
+import weakref
+from typing import Any, ClassVar, Protocol, cast
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -36,6 +53,13 @@ _CONTINUE = b"HTTP/1.1 100 "
 _HEADER_END = b"\r\n\r\n"
 _MAX_HELD = 16 * 1024  # a header block is far smaller; anything larger is not one
 _JOIN_LIMIT = 16 * 1024  # a body at least this large goes out in its own write rather than be copied
+
+# A connection's phase, for the read time-outs.
+_WAITING = 0  # connected, no byte of a request yet: the header time-out runs
+_HEADER = 1  # a request's header block is arriving: the header time-out runs
+_BODY = 2  # its body is arriving: the body time-out runs
+_IDLE = 3  # answering, or between requests (uvicorn's keep-alive time-out): no read time-out
+_SWEEP_MAX_S = 1.0
 
 
 class HeaderHoldingTransport:
@@ -229,18 +253,167 @@ class DirectCycle:
         protocol.on_response_complete()
 
 
+class _Refused(Exception):
+    """Raised inside a parser callback once the request has been answered and the connection closed: it stops
+    the parser from calling back for the rest of the data."""
+
+
+class _Sweeper:
+    """Closes the server's connections that are past their read time-out: one timer for all of them, run about
+    every second while any connection is open (module docstring: why not a timer per request)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, connections: set[Any], interval_s: float) -> None:
+        self._loop = loop
+        self._connections = connections
+        self._interval_s = interval_s
+        self._handle: asyncio.TimerHandle | None = None
+
+    def watch(self) -> None:
+        if self._handle is None:
+            self._handle = self._loop.call_later(self._interval_s, self._sweep)
+
+    def _sweep(self) -> None:
+        self._handle = None
+        now = time.monotonic()
+        for conn in list(self._connections):  # closing one may change the set
+            if isinstance(conn, CoalescingHttpToolsProtocol):
+                conn._swept(now)
+        if self._connections:
+            self.watch()
+
+
+# One sweeper per server (uvicorn's ServerState is shared by all of a server's connections).
+_sweepers: weakref.WeakKeyDictionary[Any, _Sweeper] = weakref.WeakKeyDictionary()
+
+
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """HttpToolsProtocol whose responses leave in one write when the body follows at once, and
-    which serves the common infer request directly (module docstring)."""
+    """HttpToolsProtocol whose responses leave in one write when the body follows at once, which serves the
+    common infer request directly, and which bounds what slow or greedy clients can hold (module docstring).
+
+    The limits are class attributes so that uvicorn, which builds a protocol per connection from the class, can
+    be handed a configured one: ``with_limits`` makes it.
+    """
+
+    # Slots, not the instance dict: uvicorn's protocol already keeps about 30 attributes there, and past 30 an
+    # instance dict stops sharing its keys, which slows every attribute read on the request path (measured).
+    __slots__ = (
+        "_begin_at",
+        "_begin_end",
+        "_chunk_start",
+        "_direct",
+        "_mark_begin",
+        "_mark_phase",
+        "_max_header_bytes",
+        "_max_headers",
+        "_phase",
+        "_refused",
+        "_seen",
+        "_since",
+    )
+
+    header_timeout_s: ClassVar[float] = 10.0
+    body_timeout_s: ClassVar[float] = 60.0
+    max_headers: ClassVar[int] = 100
+    max_header_bytes: ClassVar[int] = 16384
+    max_connections: ClassVar[int] = 1000
+
+    @classmethod
+    def with_limits(
+        cls,
+        *,
+        header_timeout_s: float,
+        body_timeout_s: float,
+        max_headers: int,
+        max_header_bytes: int,
+        max_connections: int,
+    ) -> type[CoalescingHttpToolsProtocol]:
+        """This protocol with these limits (each must be positive)."""
+        limits: dict[str, float | int] = {
+            "header_timeout_s": header_timeout_s,
+            "body_timeout_s": body_timeout_s,
+            "max_headers": max_headers,
+            "max_header_bytes": max_header_bytes,
+            "max_connections": max_connections,
+        }
+        for name, value in limits.items():
+            if not value > 0 or not math.isfinite(value):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        return cast("type[CoalescingHttpToolsProtocol]", type(cls.__name__, (cls,), limits))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         direct_ok = self.limit_concurrency is None and not self.root_path
         self._direct = direct_target(self.app) if direct_ok else None
+        self.url = b""  # uvicorn sets it when a request begins; the header-size check may look before
+        self._max_headers = self.max_headers  # read per request: a slot is quicker than the class attribute
+        self._max_header_bytes = self.max_header_bytes
+        # The request path only notes the phase (and where its request began); the sweep notes when it first
+        # saw each phase (_mark_*, _since) and times it from there.
+        self._phase = _IDLE
+        self._mark_phase = _IDLE
+        self._mark_begin = -1
+        self._since = 0.0
+        self._refused = False
+        # Bytes received on the connection: up to the start of the latest chunk, and to its end. A request's
+        # header block lies after _begin_at (the start of the chunk it began in); every byte after _begin_end
+        # (that chunk's end) while it is still arriving is part of it.
+        self._chunk_start = 0
+        self._seen = 0
+        self._begin_at = 0
+        self._begin_end = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         super().connection_made(HeaderHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
+        if len(self.connections) > self.max_connections:
+            self._refuse(503, "the server has too many connections open; retry later", b"retry-after: 1\r\n")
+            return
+        self._phase = self._mark_phase = _WAITING
+        self._mark_begin = 0
+        self._since = time.monotonic()
+        sweeper = _sweepers.get(self.server_state)
+        if sweeper is None:
+            interval = min(_SWEEP_MAX_S, self.header_timeout_s / 4, self.body_timeout_s / 4)
+            sweeper = _sweepers[self.server_state] = _Sweeper(self.loop, self.connections, interval)
+        sweeper.watch()
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's, with the bytes counted for the header-size cap and refusals that stop the parser.
+        self._unset_keepalive_if_required()
+        seen = self._seen
+        self._chunk_start = seen
+        self._seen = seen + len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self._refused:
+                return  # answered already (431)
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        if self._phase < _BODY:  # a header block still arriving: check it before reading more of it
+            if self.headers is not None and len(self.headers) > self._max_headers:
+                self._refuse(431, f"the request has more than {self._max_headers} header fields")
+            elif self._seen - self._begin_at > self._max_header_bytes and self._header_block_over(
+                in_progress=True
+            ):
+                self._refuse(431, f"the request's header block exceeds {self._max_header_bytes} bytes")
+
+    def _header_block_over(self, in_progress: bool) -> bool:
+        """Whether the current request's header block exceeds ``max_header_bytes`` (the request target and each
+        header line); ``in_progress``: counting also the bytes of a field still arriving, which the parser
+        holds back until it ends."""
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers or ())
+        if in_progress:
+            size = max(size, self._seen - self._begin_end)
+        return size > self._max_header_bytes
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -248,11 +421,83 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         # refusal is answered inside the parser, and its completion arms the timer; a request that follows
         # in the same packet must stop it, or the timer closes the connection while that request runs.
         self._unset_keepalive_if_required()
+        self._phase = _HEADER
+        self._begin_at = self._chunk_start
+        self._begin_end = self._seen
 
     def on_headers_complete(self) -> None:
+        if len(self.headers) > self._max_headers:
+            self._refuse(431, f"the request has more than {self._max_headers} header fields")
+            raise _Refused
+        if self._seen - self._begin_at > self._max_header_bytes and self._header_block_over(
+            in_progress=False
+        ):
+            self._refuse(431, f"the request's header block exceeds {self._max_header_bytes} bytes")
+            raise _Refused
+        self._phase = _BODY
         if self._direct is not None and self._start_direct():
             return
         super().on_headers_complete()
+
+    def _refuse(self, status: int, message: str, extra_headers: bytes = b"") -> None:
+        """Answers ``status`` with ``{"error": message}`` and closes the connection. Nothing is written if an
+        earlier request's answer is still due (it would be sent after this one); the connection just closes."""
+        self._refused = True
+        self._phase = _IDLE
+        transport = self.transport
+        if transport.is_closing():
+            return
+        cycle: Any = self.cycle
+        if cycle is None or cycle.response_complete:
+            self._write_error(status, message, extra_headers)
+        transport.close()
+
+    def _write_error(self, status: int, message: str, extra_headers: bytes = b"") -> None:
+        body = b'{"error":"' + message.replace('"', "'").encode("utf-8") + b'"}'
+        content = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            content.extend((name, b": ", value, b"\r\n"))
+        content.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
+        content.extend((extra_headers, b"connection: close\r\n\r\n", body))
+        self.transport.write(b"".join(content))
+
+    def _swept(self, now: float) -> None:
+        """The sweep's look at this connection: times the phase from the first sweep that saw it (so a
+        time-out fires between one and two sweep intervals late, never early), and ends it past its time-out."""
+        phase = self._phase
+        if phase == _IDLE:
+            return
+        if phase != self._mark_phase or self._begin_at != self._mark_begin or self.flow.read_paused:
+            # A phase (or request) began since the last sweep; or reading is paused on the server's side (a
+            # pipelined request waits, or a body is not consumed yet) and the client cannot send: time from now.
+            self._mark_phase = phase
+            self._mark_begin = self._begin_at
+            self._since = now
+            return
+        limit = self.body_timeout_s if phase == _BODY else self.header_timeout_s
+        if now - self._since >= limit:
+            self._read_timed_out(phase)
+
+    def _read_timed_out(self, phase: int) -> None:
+        """Ends a connection whose header block or body did not arrive in time: 408 when a request was under
+        way and nothing has been answered to it, then close."""
+        self._phase = _IDLE
+        transport = self.transport
+        if transport.is_closing():
+            return
+        cycle: Any = self.cycle
+        if phase == _HEADER and (cycle is None or cycle.response_complete):
+            self._write_error(
+                408, f"the request's header block did not arrive within {self.header_timeout_s} s"
+            )
+        elif (
+            phase == _BODY
+            and cycle is not None
+            and not cycle.response_complete
+            and not getattr(cycle, "response_started", False)  # a DirectCycle answers all at once, if at all
+        ):
+            self._write_error(408, f"the request's body did not arrive within {self.body_timeout_s} s")
+        transport.close()
 
     def _start_direct(self) -> bool:
         cycle = self.cycle
@@ -290,6 +535,7 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._phase = _IDLE
         cycle: Any = self.cycle
         if type(cycle) is DirectCycle:
             cycle.body_complete()

@@ -10,13 +10,19 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import orjson
 
 from inference.config import ModelSpec, TensorSpec
 from inference.errors import InvalidInput
+from inference.limits import (
+    PARAMETER_STRING_MAX_LENGTH,
+    REQUEST_ID_MAX_LENGTH,
+    TENSOR_MAX_DIMS,
+    TENSOR_MAX_ELEMENTS,
+)
 
 try:  # BF16 has no numpy dtype of its own; ml_dtypes (an onnx dependency) provides one.
     from ml_dtypes import bfloat16 as _bf16
@@ -89,35 +95,73 @@ def parse_header_length(raw: bytes | None, body_len: int) -> int | None:
     return value
 
 
-def _shape_of(raw: Any, name: str, rid: str | None) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in raw):
+def _short(value: Any) -> str:
+    """A client's value for a message, cut short: an error must not echo a whole body back."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _shape_of(raw: Any, name: str, rid: str | None) -> tuple[tuple[int, ...], int]:
+    """The shape and its element count, checked against limits.py before anything is laid out for it."""
+    if type(raw) is not list or len(raw) > TENSOR_MAX_DIMS or not all(type(d) is int for d in raw):
+        if type(raw) is list and len(raw) > TENSOR_MAX_DIMS:
+            raise InvalidInput(
+                f"{_prefix(rid)}input '{name}': 'shape' has {len(raw)} dimensions; at most {TENSOR_MAX_DIMS}"
+            )
         raise InvalidInput(f"{_prefix(rid)}input '{name}': 'shape' must be a list of integers")
-    if any(d < 0 for d in raw):
-        raise InvalidInput(f"{_prefix(rid)}input '{name}': shape {raw} has a negative dimension")
-    return tuple(raw)
+    count = 1
+    span = 1  # zeros counted as one: numpy refuses a shape whose other dimensions overflow, even when empty
+    for d in raw:
+        if d < 0:
+            raise InvalidInput(f"{_prefix(rid)}input '{name}': shape {raw} has a negative dimension")
+        count *= d
+        if d:
+            span *= d
+    if span > TENSOR_MAX_ELEMENTS:
+        raise InvalidInput(
+            f"{_prefix(rid)}input '{name}': shape {raw} has more than {TENSOR_MAX_ELEMENTS} elements"
+        )
+    return tuple(raw), count
 
 
-def _decode_bytes_elements(buf: memoryview, count: int, name: str, rid: str | None) -> np.ndarray[Any, Any]:
-    out = np.empty(count, dtype=object)
-    pos = 0
-    end = len(buf)
+def _decode_bytes_elements(
+    body: bytes, start: int, size: int, count: int, name: str, rid: str | None
+) -> np.ndarray[Any, Any]:
+    # The caller has checked that 4 * count <= size: the array is never larger than the body allows. Slicing
+    # the body into a list, then filling the array at once, takes half the time of item assignment.
+    unpack = _U32.unpack_from
+    items: list[bytes] = []
+    append = items.append
+    pos = start
+    end = start + size
     for i in range(count):
         if pos + 4 > end:
             raise InvalidInput(f"{_prefix(rid)}input '{name}': BYTES data ends inside element {i}'s length")
-        (n,) = _U32.unpack_from(buf, pos)
+        n = unpack(body, pos)[0]
         pos += 4
         if pos + n > end:
             raise InvalidInput(f"{_prefix(rid)}input '{name}': BYTES element {i} runs past the data")
-        out[i] = bytes(buf[pos : pos + n])
+        append(body[pos : pos + n])
         pos += n
     if pos != end:
         raise InvalidInput(
             f"{_prefix(rid)}input '{name}': {end - pos} bytes left after {count} BYTES elements"
         )
+    out = np.empty(count, dtype=object)
+    out[:] = items
     return out
 
 
 _JSON_NUMBERS = frozenset({int, float})
+# KServe parameter values: a boolean, a number or a string.
+_PARAMETER_TYPES = frozenset({bool, int, float, str})
+# The smallest magnitude a float datatype rounds to infinity: half-way past its largest finite value (the tie
+# rounds to even, away from that value). Checked on the float64 values before the cast, so the cast is exact
+# and silent. BF16 is checked after its cast instead: ml_dtypes rounds through float32, twice.
+_OVERFLOW_AT: dict[str, float] = {"FP16": (2 - 2**-11) * 2**15, "FP32": (2 - 2**-24) * 2**127}
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    k: (int(np.iinfo(v).min), int(np.iinfo(v).max)) for k, v in DTYPES.items() if v.kind in "iu"
+}
 
 
 def _flatten_json(data: Any, name: str, rid: str | None) -> list[Any]:
@@ -151,27 +195,106 @@ def _json_tensor(data: Any, datatype: str, count: int, name: str, rid: str | Non
             else:
                 raise InvalidInput(f"{_prefix(rid)}input '{name}': BYTES element {i} is not a string")
         return arr
-    try:
-        if datatype == "BOOL":
-            if not all(isinstance(v, bool) for v in flat):
-                raise InvalidInput(f"{_prefix(rid)}input '{name}': BOOL data must be true or false")
-            return np.array(flat, dtype=np.bool_)
-        # One pass in C over the element types (JSON gives int, float, str, bool, None, dict or list): a
-        # generator of isinstance checks cost 52 of the 74 µs of decoding a 256-float request.
-        kinds = set(map(type, flat))
-        if not kinds <= _JSON_NUMBERS:
-            raise InvalidInput(f"{_prefix(rid)}input '{name}': {datatype} data must be numbers")
-        if datatype[0] in "IU" and float in kinds:
-            # numpy would truncate 1.5 to 1 without a word; Triton refuses it.
+    if datatype == "BOOL":
+        if not all(isinstance(v, bool) for v in flat):
+            raise InvalidInput(f"{_prefix(rid)}input '{name}': BOOL data must be true or false")
+        return np.array(flat, dtype=np.bool_)
+    # One pass in C over the element types (JSON gives int, float, str, bool, None, dict or list): a
+    # generator of isinstance checks cost 52 of the 74 µs of decoding a 256-float request.
+    kinds = set(map(type, flat))
+    if not kinds <= _JSON_NUMBERS:
+        raise InvalidInput(f"{_prefix(rid)}input '{name}': {datatype} data must be numbers")
+    int_range = _INT_RANGES.get(datatype)
+    if int_range is not None:
+        if float in kinds:
+            # numpy would truncate 1.5 to 1 without a word; Triton refuses it. orjson also reads an integer
+            # beyond 64 bits as a float, which no integer datatype holds.
             raise InvalidInput(f"{_prefix(rid)}input '{name}': {datatype} data must be integers")
-        arr = np.array(flat, dtype=DTYPES[datatype])
-    except (ValueError, OverflowError, TypeError) as exc:
-        raise InvalidInput(f"{_prefix(rid)}input '{name}': data does not fit {datatype}: {exc}") from None
+        try:
+            return np.array(flat, dtype=DTYPES[datatype])  # numpy refuses an integer outside the datatype
+        except OverflowError as exc:
+            raise InvalidInput(
+                f"{_prefix(rid)}input '{name}': data does not fit {datatype} (integers from {int_range[0]} to "
+                f"{int_range[1]}): {exc}"
+            ) from None
+    wide = np.array(flat, dtype=np.float64)  # orjson's floats are finite doubles, so FP64 holds them all
+    if datatype == "FP64":
+        return wide
+    limit = _OVERFLOW_AT.get(datatype)
+    if limit is not None:
+        # One dot product bounds every value: no square exceeds the sum of squares (non-negative terms, and
+        # rounding is monotonic), so a sum below limit**2 clears them all; only a larger one (or inf) needs
+        # the exact look.
+        if np.dot(wide, wide) >= limit * limit and (wide.max() >= limit or wide.min() <= -limit):
+            _refuse_out_of_range(wide, np.abs(wide) >= limit, datatype, name, rid)
+        return wide.astype(DTYPES[datatype])
+    with np.errstate(over="ignore"):  # BF16 is rare enough to pay for the context
+        arr = wide.astype(DTYPES[datatype])
+    if not np.isfinite(arr).all():
+        _refuse_out_of_range(wide, ~np.isfinite(arr), datatype, name, rid)
     return arr
 
 
+def _refuse_out_of_range(
+    wide: np.ndarray[Any, Any], bad: np.ndarray[Any, Any], datatype: str, name: str, rid: str | None
+) -> NoReturn:
+    value = float(wide[bad][0])
+    raise InvalidInput(
+        f"{_prefix(rid)}input '{name}': the value {value!r} is out of the range of {datatype} "
+        "(it would become infinity)"
+    )
+
+
+def _parameters(raw: Any, where: str, rid: str | None) -> dict[str, Any]:
+    """A ``parameters`` object (``where`` says whose), each value of a KServe parameter type."""
+    if raw is None:
+        return {}
+    if type(raw) is not dict:
+        raise InvalidInput(f"{_prefix(rid)}{where}'parameters' must be an object")
+    for key, value in raw.items():
+        kind = type(value)
+        if kind not in _PARAMETER_TYPES:
+            raise InvalidInput(
+                f"{_prefix(rid)}{where}parameter '{key}' must be a boolean, a number or a string, "
+                f"got {_short(value)}"
+            )
+        if kind is str and len(value) > PARAMETER_STRING_MAX_LENGTH:
+            raise InvalidInput(
+                f"{_prefix(rid)}{where}parameter '{key}' is longer than {PARAMETER_STRING_MAX_LENGTH} characters"
+            )
+    return raw
+
+
+def _flag(params: dict[str, Any], key: str, where: str, rid: str | None) -> bool | None:
+    value = params.get(key)
+    if value is not None and type(value) is not bool:
+        raise InvalidInput(
+            f"{_prefix(rid)}{where}parameter '{key}' must be true or false, got {_short(value)}"
+        )
+    return value
+
+
+def _request_id(doc: dict[str, Any]) -> str | None:
+    rid = doc.get("id")
+    if rid is None:
+        return None
+    if type(rid) is not str:
+        raise InvalidInput(f"'id' must be a string, got {_short(rid)}")
+    # The ledger stores the id (client_request_id): PostgreSQL refuses a longer one, or a NUL in any text,
+    # and with it the drainer's whole transaction, on every retry.
+    if len(rid) > REQUEST_ID_MAX_LENGTH:
+        raise InvalidInput(f"'id' must be at most {REQUEST_ID_MAX_LENGTH} characters, got {len(rid)}")
+    if "\x00" in rid:
+        raise InvalidInput("'id' must not contain the character U+0000 (NUL)")
+    return rid
+
+
 def decode_request(body: bytes, header_length: int | None) -> InferRequest:
-    """Decode an infer request body (JSON, or JSON header + binary tensors)."""
+    """Decode an infer request body (JSON, or JSON header + binary tensors).
+
+    Every field is type-checked and every size is computed from the shape and compared with the body and the
+    limits (limits.py) before anything is allocated for it; whatever does not hold is an ``InvalidInput``.
+    """
     json_end = len(body) if header_length is None else header_length
     try:
         doc = orjson.loads(memoryview(body)[:json_end])
@@ -179,12 +302,9 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         raise InvalidInput(f"failed to parse the request JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidInput("the request JSON must be an object")
-    rid = doc.get("id")
-    if rid is not None and not isinstance(rid, str):
-        raise InvalidInput("'id' must be a string")
-    params = doc.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise InvalidInput(f"{_prefix(rid)}'parameters' must be an object")
+    rid = _request_id(doc)
+    params = _parameters(doc.get("parameters"), "", rid)
+    binary_all = _flag(params, "binary_data_output", "", rid) is True
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list):
         raise InvalidInput(f"{_prefix(rid)}'inputs' must be a list of tensors")
@@ -199,13 +319,10 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         if name in inputs:
             raise InvalidInput(f"{_prefix(rid)}input '{name}' is given twice")
         datatype = raw.get("datatype")
-        if datatype not in DTYPES:
-            raise InvalidInput(f"{_prefix(rid)}input '{name}': unknown datatype {datatype!r}")
-        shape = _shape_of(raw.get("shape"), name, rid)
-        count = math.prod(shape)
-        tparams = raw.get("parameters") or {}
-        if not isinstance(tparams, dict):
-            raise InvalidInput(f"{_prefix(rid)}input '{name}': 'parameters' must be an object")
+        if type(datatype) is not str or datatype not in DTYPES:
+            raise InvalidInput(f"{_prefix(rid)}input '{name}': unknown datatype {_short(datatype)}")
+        shape, count = _shape_of(raw.get("shape"), name, rid)
+        tparams = _parameters(raw.get("parameters"), f"input '{name}': ", rid)
         size = tparams.get("binary_data_size")
         if size is not None:
             if header_length is None:
@@ -213,7 +330,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
                     f"{_prefix(rid)}input '{name}' has binary_data_size but the request has no "
                     "Inference-Header-Content-Length header"
                 )
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            if type(size) is not int or size < 0:
                 raise InvalidInput(
                     f"{_prefix(rid)}input '{name}': binary_data_size must be a non-negative integer"
                 )
@@ -223,7 +340,12 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
                     f"({len(body) - offset} bytes left)"
                 )
             if datatype == "BYTES":
-                arr = _decode_bytes_elements(memoryview(body)[offset : offset + size], count, name, rid)
+                if 4 * count > size:  # each element carries at least its 4-byte length
+                    raise InvalidInput(
+                        f"{_prefix(rid)}input '{name}': shape {list(shape)} of BYTES needs at least "
+                        f"{4 * count} bytes (a 4-byte length per element), binary_data_size is {size}"
+                    )
+                arr = _decode_bytes_elements(body, offset, size, count, name, rid)
             else:
                 dt = LITTLE_ENDIAN[datatype]
                 expected = count * dt.itemsize
@@ -233,10 +355,17 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
                         f"binary_data_size is {size}"
                     )
                 arr = np.frombuffer(body, dtype=dt, count=count, offset=offset)
+                if datatype == "BOOL" and count and np.frombuffer(body, np.uint8, count, offset).max() > 1:
+                    raise InvalidInput(f"{_prefix(rid)}input '{name}': BOOL data must be bytes 0 or 1")
             offset += size
         else:
             if "data" not in raw:
                 raise InvalidInput(f"{_prefix(rid)}input '{name}' has neither 'data' nor binary_data_size")
+            if count > json_end:  # every JSON element takes at least one byte of the body
+                raise InvalidInput(
+                    f"{_prefix(rid)}input '{name}': shape {list(shape)} needs {count} elements, more than the "
+                    f"request's {json_end} bytes of JSON can hold"
+                )
             arr = _json_tensor(raw["data"], datatype, count, name, rid)
         inputs[name] = arr.reshape(shape)
         datatypes[name] = datatype
@@ -246,7 +375,6 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         )
 
     outputs: list[RequestedOutput] | None = None
-    binary_all = params.get("binary_data_output") is True
     raw_outputs = doc.get("outputs")
     if raw_outputs is not None:
         if not isinstance(raw_outputs, list):
@@ -255,15 +383,15 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         for raw in raw_outputs:
             if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
                 raise InvalidInput(f"{_prefix(rid)}each requested output must be an object with a 'name'")
-            oparams = raw.get("parameters") or {}
-            if not isinstance(oparams, dict):
-                raise InvalidInput(f"{_prefix(rid)}output '{raw['name']}': 'parameters' must be an object")
-            if oparams.get("classification"):
-                raise InvalidInput(
-                    f"{_prefix(rid)}output '{raw['name']}': the classification extension is not supported"
-                )
-            binary = oparams.get("binary_data")
-            outputs.append(RequestedOutput(raw["name"], binary_all if binary is None else binary is True))
+            where = f"output '{raw['name']}': "
+            oparams = _parameters(raw.get("parameters"), where, rid)
+            classification = oparams.get("classification")
+            if classification is not None and type(classification) is not int:
+                raise InvalidInput(f"{_prefix(rid)}{where}parameter 'classification' must be an integer")
+            if classification:
+                raise InvalidInput(f"{_prefix(rid)}{where}the classification extension is not supported")
+            binary = _flag(oparams, "binary_data", where, rid)
+            outputs.append(RequestedOutput(raw["name"], binary_all if binary is None else binary))
     return InferRequest(
         id=rid,
         parameters=params,
@@ -369,6 +497,10 @@ def _bytes_payload(arr: np.ndarray[Any, Any]) -> bytes:
     return b"".join(parts)
 
 
+_FLOAT_OUTPUTS = frozenset({"FP16", "FP32", "FP64", "BF16"})
+_NAN, _INFINITY, _MINUS_INFINITY = b"NaN", b"Infinity", b"-Infinity"
+
+
 def _json_data(arr: np.ndarray[Any, Any], datatype: str) -> list[Any]:
     if datatype == "BYTES":
         return [
@@ -378,6 +510,23 @@ def _json_data(arr: np.ndarray[Any, Any], datatype: str) -> list[Any]:
     if datatype == "BF16":
         return arr.astype(np.float32).ravel().tolist()
     return arr.ravel().tolist()
+
+
+def _float_json(arr: np.ndarray[Any, Any], datatype: str) -> orjson.Fragment:
+    """The data of a float output, serialised here: orjson writes inf and NaN as ``null``, and no finite number
+    has an ``n`` in it, so one byte search finds them. They are written as Triton 2.51 writes them (rapidjson,
+    kWriteNanAndInfFlag): the bare tokens ``NaN``, ``Infinity`` and ``-Infinity``, which tritonclient reads."""
+    values = _json_data(arr, datatype)
+    text = orjson.dumps(values)
+    if b"n" not in text:
+        return orjson.Fragment(text)
+    parts = text.split(b"null")  # the i-th null is the i-th non-finite value
+    special = [v for v in values if not math.isfinite(v)]
+    pieces = [parts[0]]
+    for value, part in zip(special, parts[1:], strict=True):
+        pieces.append(_NAN if value != value else _INFINITY if value > 0 else _MINUS_INFINITY)
+        pieces.append(part)
+    return orjson.Fragment(b"".join(pieces))
 
 
 def encode_response(
@@ -411,7 +560,10 @@ def encode_response(
             want_dtype = DTYPES[tspec.datatype]
             if tspec.datatype not in ("BYTES", "BF16") and arr.dtype != want_dtype:
                 arr = arr.astype(want_dtype)  # the same values the binary form would carry
-            entry["data"] = _json_data(arr, tspec.datatype)
+            if tspec.datatype in _FLOAT_OUTPUTS:
+                entry["data"] = _float_json(arr, tspec.datatype)
+            else:
+                entry["data"] = _json_data(arr, tspec.datatype)
         out_docs.append(entry)
     doc["outputs"] = out_docs
     header = orjson.dumps(doc)

@@ -13,9 +13,9 @@ import time
 import orjson
 
 from inference.efficiency import prometheus_lines as efficiency_prometheus_lines
-from inference.errors import InferenceError, NotFound
+from inference.errors import THREAD_ERRORS, InferenceError, NotFound, ThreadErrors
 from inference.repository import ModelRepository
-from inference.stats import prometheus_text
+from inference.stats import prometheus_label, prometheus_text
 from inference.variants import prometheus_lines as variant_prometheus_lines
 
 SERVER_NAME = "carbonledger"
@@ -88,8 +88,21 @@ def repository_index(repository: ModelRepository) -> bytes:
     return orjson.dumps(repository.index())
 
 
-def metrics_text(repository: ModelRepository) -> bytes:
-    """The Prometheus exposition: Triton's counters per version, the planners' and the variant policies'."""
+def thread_error_lines(counts: dict[str, int]) -> list[str]:
+    """``carbonledger_thread_errors_total``: per background thread, the failed iterations it survived."""
+    lines = [
+        "# HELP carbonledger_thread_errors_total Exceptions a background thread survived (logged once, then "
+        "counted), by thread name",
+        "# TYPE carbonledger_thread_errors_total counter",
+    ]
+    for thread, count in sorted(counts.items()):
+        lines.append(f'carbonledger_thread_errors_total{{thread="{prometheus_label(thread)}"}} {count}')
+    return lines
+
+
+def metrics_text(repository: ModelRepository, thread_errors: ThreadErrors = THREAD_ERRORS) -> bytes:
+    """The Prometheus exposition: Triton's counters per version, the planners' and the variant policies', and
+    the errors background threads survived."""
     versions = repository.all_versions()
     entries = [(mv.stats, mv.batcher.pending_count if mv.batcher is not None else 0) for mv in versions]
     planners = [
@@ -98,7 +111,9 @@ def metrics_text(repository: ModelRepository) -> bytes:
         if mv.batcher is not None and mv.batcher.planner is not None
     ]
     policies = [(mv.spec.name, mv.variant_policy) for mv in versions if mv.variant_policy is not None]
-    extra = efficiency_prometheus_lines(planners, time.monotonic_ns()) + variant_prometheus_lines(
-        repository.grid, policies
+    extra = (
+        efficiency_prometheus_lines(planners, time.monotonic_ns())
+        + variant_prometheus_lines(repository.grid, policies)
+        + thread_error_lines(thread_errors.counts())
     )
     return prometheus_text(entries, extra)

@@ -29,7 +29,7 @@ from inference.allocation import BatchRecord, EnergyAccountant, IntervalAllocati
 from inference.batcher import BatchTiming, Pending
 from inference.config import ModelSpec
 from inference.efficiency import EfficiencyPlanner
-from inference.errors import InferenceError
+from inference.errors import THREAD_ERRORS, InferenceError, ThreadErrors
 from inference.meters import Meter
 from inference.repository import ModelVersion
 from inference.spool import Spool, SpoolFull
@@ -101,6 +101,7 @@ class LedgerRecorder:
         options: RecorderOptions | None = None,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall_ns: Callable[[], int] = time.time_ns,
+        thread_errors: ThreadErrors = THREAD_ERRORS,
     ) -> None:
         if not meters:
             raise ValueError("the recorder needs at least one meter")
@@ -124,6 +125,11 @@ class LedgerRecorder:
         # Interval lines the spool refused (full): kept, in order, and written first next time.
         self._unspooled: list[bytes] = []
         self._unspooled_lock = threading.Lock()
+        self._thread_errors = thread_errors
+        # The meter thread's schedule (set when it starts).
+        self._next_sample = 0.0
+        self._next_sync = 0.0
+        self._full_logged = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -238,41 +244,55 @@ class LedgerRecorder:
         if now_ns - dev.last_read_ns >= self.options.boundary_min_interval_s * 1e9:
             try:
                 self._read(dev)
-            except Exception:
-                log.exception("reading the meter of %s failed", dev.device_id)
+            except Exception as exc:  # at a batch's end, on its instance thread: the batch is still recorded
+                self._thread_errors.record(
+                    exc,
+                    f"reading the meter of {dev.device_id} at a batch's end failed; the next reading retries",
+                )
 
     def _run(self) -> None:
         # Closed intervals are spooled every flush_interval_s, not once per sample: turning an
         # interval into lines holds the GIL for about 5 µs per request, and one big burst a
         # second shows up in the event loop's tail latency.
         tick = min(self.options.flush_interval_s, self.options.sample_interval_s)
-        next_sample = time.monotonic() + self.options.sample_interval_s
-        next_sync = 0.0
-        full_logged = False
+        self._next_sample = time.monotonic() + self.options.sample_interval_s
+        self._next_sync = 0.0
+        self._full_logged = False
         while not self._stop.wait(tick):
-            now = time.monotonic()
-            if now >= next_sync:
-                next_sync = now + 0.25
-                try:
-                    self.spool.sync_acknowledged()  # a drainer in another process frees space
-                except Exception:
-                    log.exception("reading the drainer's acknowledged position failed")
-            if now >= next_sample:
-                next_sample = now + self.options.sample_interval_s
-                for dev in self.devices:
-                    try:
-                        self._read(dev)
-                    except Exception:
-                        log.exception("reading the meter of %s failed", dev.device_id)
             try:
-                self._flush()
-                full_logged = False
-            except SpoolFull:
-                if not full_logged:
-                    log.error("ledger spool full: closed intervals wait in memory until it drains")
-                    full_logged = True
-            except Exception:
-                log.exception("spooling closed intervals failed")
+                self._tick()
+            except Exception as exc:  # the thread goes on: without it no interval is ever spooled again
+                self._thread_errors.record(exc, "an iteration of the energy meter thread failed; it goes on")
+
+    def _tick(self) -> None:
+        """One turn of the meter thread; each step's failure is counted and logged once, and the next goes on."""
+        now = time.monotonic()
+        if now >= self._next_sync:
+            self._next_sync = now + 0.25
+            try:
+                self.spool.sync_acknowledged()  # a drainer in another process frees space
+            except Exception as exc:
+                self._thread_errors.record(
+                    exc, "reading the drainer's acknowledged position failed; retrying"
+                )
+        if now >= self._next_sample:
+            self._next_sample = now + self.options.sample_interval_s
+            for dev in self.devices:
+                try:
+                    self._read(dev)
+                except Exception as exc:
+                    self._thread_errors.record(
+                        exc, f"reading the meter of {dev.device_id} failed; the next sample retries"
+                    )
+        try:
+            self._flush()
+            self._full_logged = False
+        except SpoolFull:
+            if not self._full_logged:
+                log.error("ledger spool full: closed intervals wait in memory until it drains")
+                self._full_logged = True
+        except Exception as exc:
+            self._thread_errors.record(exc, "spooling closed intervals failed; they are kept and retried")
 
     def _flush(self) -> None:
         lines: list[bytes] = []

@@ -17,10 +17,12 @@ from pathlib import Path
 from inference.config import ConfigError, ModelSpec, load_config
 from inference.errors import InvalidInput
 from inference.kserve import decode_request, validate_request
+from inference.limits import MODEL_NAME_MAX_LENGTH, MODEL_VERSION_MAX_LENGTH
 from inference.repository import select_versions
 
-_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-_VERSION = re.compile(r"[0-9]{1,18}")
+# As wide as the job's columns (inference/limits.py); a version is also an int64 for the repository.
+MODEL_NAME_PATTERN = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MODEL_NAME_MAX_LENGTH - 1}}}")
+VERSION_PATTERN = re.compile(rf"[0-9]{{1,{min(18, MODEL_VERSION_MAX_LENGTH)}}}")
 
 
 class JobInputError(ValueError):
@@ -44,7 +46,7 @@ def model_spec(repository: Path, model: str, version: str) -> ModelSpec:
     """The config of ``model`` in the model repository, and a check that ``version`` (when given) is one the
     gateway would serve. Raises :class:`JobInputError` naming what is wrong."""
     known = repository_models(repository)
-    if not _MODEL_NAME.fullmatch(model) or model not in known:
+    if not MODEL_NAME_PATTERN.fullmatch(model) or model not in known:
         listed = ", ".join(known) if known else "none"
         raise JobInputError(
             f"unknown model {model!r}: it is not in the model repository (models there: {listed})"
@@ -54,11 +56,11 @@ def model_spec(repository: Path, model: str, version: str) -> ModelSpec:
         spec = load_config(folder)
     except (ConfigError, ValueError) as exc:
         raise JobInputError(f"model {model!r} cannot be served: {exc}") from None
-    available = [int(p.name) for p in folder.iterdir() if p.is_dir() and _VERSION.fullmatch(p.name)]
+    available = [int(p.name) for p in folder.iterdir() if p.is_dir() and VERSION_PATTERN.fullmatch(p.name)]
     served = [str(v) for v in select_versions(spec, available)]
     if not served:
         raise JobInputError(f"model {model!r} has no version the gateway serves")
-    if version and (not _VERSION.fullmatch(version) or version not in served):
+    if version and (not VERSION_PATTERN.fullmatch(version) or version not in served):
         raise JobInputError(
             f"model {model!r} has no version {version!r} (versions served: {', '.join(served)})"
         )

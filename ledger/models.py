@@ -213,6 +213,73 @@ class LedgerAdjustment(ChainedRecord):
         constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_adjustment_chain_seq")]
 
 
+class LedgerQuarantineMarker(ChainedRecord):
+    """A spool line's place in its chain when the database refused it for its data (``action`` quarantined), and
+    what became of it later (retried: the record itself follows this marker in the chain; dismissed: an operator
+    gave it up, ``detail`` saying why). Chained like every record, so verification proves no line left the spool
+    unaccounted for; the line itself is kept in ``LedgerQuarantine``."""
+
+    QUARANTINED, RETRIED, DISMISSED = "quarantined", "retried", "dismissed"
+
+    action = models.CharField(max_length=16)
+    line_sha256 = models.CharField(max_length=64)
+    spool_position = models.CharField(max_length=40)
+    record_kind = models.CharField(max_length=32, blank=True, default="")  # the line's "k", when it parsed
+    record_id = models.CharField(max_length=256, blank=True, default="")  # its id (request_id, batch_id, ...)
+    detail = models.TextField(blank=True, default="")
+    marker_seq = models.BigIntegerField(
+        default=0, help_text="for retried and dismissed: the quarantine marker's seq"
+    )
+    created_ns = models.BigIntegerField()
+
+    class Meta:
+        db_table = "ledger_quarantine_marker"
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_quarantine_marker_chain_seq")
+        ]
+        indexes = [models.Index(fields=["line_sha256"], name="ledger_quarantine_marker_line")]
+
+
+class LedgerQuarantine(models.Model):
+    """A spool line the database refused for its data, kept whole until an operator retries it (after a fix, e.g.
+    a widened column) or dismisses it: ``manage.py ledger_quarantine``. Its marker in the chain is at
+    ``marker_seq``; unlike ledger records this row changes (its state)."""
+
+    QUARANTINED, RETRIED, DISMISSED = "quarantined", "retried", "dismissed"
+    STATES = (QUARANTINED, RETRIED, DISMISSED)
+
+    chain = models.ForeignKey(LedgerChain, on_delete=models.PROTECT, related_name="+")
+    marker_seq = models.BigIntegerField()
+    spool_position = models.CharField(max_length=40)
+    line = models.BinaryField()  # the raw spool line, without its newline (it may not even be UTF-8)
+    line_sha256 = models.CharField(max_length=64)
+    record_kind = models.CharField(max_length=32, blank=True, default="")
+    record_id = models.CharField(max_length=256, blank=True, default="")
+    error = models.TextField()
+    created_at = models.DateTimeField()
+    state = models.CharField(max_length=16, choices=[(s, s) for s in STATES], default=QUARANTINED)
+    attempts = models.IntegerField(default=0, help_text="retries that failed")
+    last_error = models.TextField(blank=True, default="")
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_seq = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="the seq of its retried or dismissed marker (a retried record follows it)",
+    )
+    note = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = "ledger_quarantine"
+        ordering = ["chain", "marker_seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "marker_seq"], name="ledger_quarantine_chain_marker")
+        ]
+        indexes = [models.Index(fields=["state"], name="ledger_quarantine_state")]
+
+    def __str__(self) -> str:
+        return f"{self.record_kind or 'line'} {self.record_id} at {self.spool_position} ({self.state})"
+
+
 class ChainOrganization(models.Model):
     """Which organizations have records in which hash chain (requests they sent, idle lines of sites they
     operate), kept by the rollups as they read the ledger: a report lists and vouches for those chains only."""

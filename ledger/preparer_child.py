@@ -43,6 +43,7 @@ def _serve(requests: IO[bytes], answers: IO[bytes]) -> None:
             # records); the writer keeps the lines to parse them again if the chunk must be re-chained.
             chunk.records = None
             chunk.rows = None
+            chunk.raw = None
             answer = ("ok", chunk)
         pickle.dump(answer, answers, protocol=pickle.HIGHEST_PROTOCOL)
         answers.flush()

@@ -22,6 +22,7 @@ from ledger.models import (
     LedgerBatchEnergy,
     LedgerIdle,
     LedgerInterval,
+    LedgerQuarantineMarker,
     LedgerRequest,
     LedgerRequestEnergy,
 )
@@ -180,9 +181,26 @@ KINDS: dict[str, RecordKind] = {
             ("target_kind", "target_id", "energy_delta_uj", "reason", "actor", "created_ns"),
             ("target_id",),
         ),
+        RecordKind(
+            "quarantine",
+            LedgerQuarantineMarker,
+            (
+                "action",
+                "line_sha256",
+                "spool_position",
+                "record_kind",
+                "record_id",
+                "detail",
+                "marker_seq",
+                "created_ns",
+            ),
+            ("line_sha256",),
+        ),
     )
 }
 CHAIN_COLUMNS = ("chain_id", "seq", "prev_hash", "hash")
+# Kinds the ledger writes itself and never takes from a spool: a spool line claiming one is refused.
+WRITER_KINDS = frozenset({"quarantine"})
 
 
 _OPTIONAL_TAIL = {k.kind: len(k.optional_tail) for k in KINDS.values() if k.optional_tail}

@@ -1,5 +1,6 @@
 """Reads of the ledger for the API: one organization's requests, the batches that carried them, and the
-metering intervals and idle lines of the devices in its sites. Keyset pagination on (time, id)."""
+metering intervals and idle lines of the devices in its sites. Keyset pagination on (time, id). And the
+quarantine, for operators (``ledger_quarantine``) and the gateway's /metrics."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ledger.models import (
     LedgerBatchEnergy,
     LedgerIdle,
     LedgerInterval,
+    LedgerQuarantine,
     LedgerRequest,
     LedgerRequestEnergy,
 )
@@ -278,3 +280,20 @@ def ledger_request_for(organization_id: int, request_id: str) -> dict[str, objec
         .first()
     )
     return {"request": req, "parts": parts, "energy_uj": total_uj, "final": final, "device": device}
+
+
+def quarantined_count() -> int:
+    """Spool lines refused for their data and neither retried nor dismissed yet (one indexed count)."""
+    return LedgerQuarantine.objects.filter(state=LedgerQuarantine.QUARANTINED).count()
+
+
+def quarantine_rows(
+    *, include_resolved: bool = False, ids: list[int] | None = None
+) -> QuerySet[LedgerQuarantine]:
+    """Quarantined lines in chain order (with their chain), the resolved ones too when asked."""
+    rows = LedgerQuarantine.objects.select_related("chain").order_by("chain_id", "marker_seq")
+    if not include_resolved:
+        rows = rows.filter(state=LedgerQuarantine.QUARANTINED)
+    if ids is not None:
+        rows = rows.filter(pk__in=ids)
+    return rows

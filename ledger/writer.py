@@ -5,28 +5,52 @@ so a crash at any point replays exactly what was not committed: replay is idempo
 construction, and a natural-key conflict (the same request id twice) is filtered out, not
 duplicated. While the database is down the writer backs off and the spool grows on disk
 (bounded; the gateway answers 503 when it is full); everything drains when it returns.
+
+A record refused for what it holds (a value too long for its column, a NUL in a string, an integer out of
+range, a line the normaliser cannot take) must not stop every record behind it: the chunk that holds it is
+split until the record is alone, its neighbours are written, and the line goes to a quarantine
+(``LedgerQuarantine``, ``manage.py ledger_quarantine``) with a hash-chained marker in its place, so the chain
+still accounts for every spool line. Only such data errors quarantine: an unreachable database is waited
+for, a duplicate skipped, and a conflict in the chain itself stops the drain as before.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import io
 import logging
+import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
 
 import orjson
+import psycopg
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, close_old_connections, connection, transaction
+from django.db import (
+    DatabaseError,
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    ProgrammingError,
+    close_old_connections,
+    connection,
+    transaction,
+)
 from psycopg.copy import Copy, FileWriter
 
+from inference.errors import THREAD_ERRORS, ThreadErrors
 from inference.spool import Spool, SpoolPosition, SpoolReader
-from ledger.models import LedgerChain
+from ledger.models import LedgerChain, LedgerQuarantine, LedgerQuarantineMarker
 from ledger.preparer import PreparerFailed, PreparerProcess
-from ledger.records import CHAIN_COLUMNS, KINDS, RecordKind, link_hash, normalize, normalizer
+from ledger.records import CHAIN_COLUMNS, KINDS, WRITER_KINDS, RecordKind, link_hash, normalize, normalizer
 from tenancy.models import Device, Site
 
 log = logging.getLogger(__name__)
@@ -38,7 +62,30 @@ log = logging.getLogger(__name__)
 DRAINER_SWITCH_INTERVAL_S = 0.0005
 
 # Insert order inside one transaction: what others refer to goes first.
-KIND_ORDER = ("batch", "req", "interval", "idle", "energy", "batch_energy", "adjustment")
+KIND_ORDER = ("batch", "req", "interval", "idle", "energy", "batch_energy", "adjustment", "quarantine")
+
+# What parsing, normalising or formatting a record raises when the record itself is at fault (no database
+# involved): a chunk that raises one is split to find the record (``_salvage``).
+_SHAPE_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, KeyError, OverflowError, AttributeError)
+# And formatting COPY streams ahead, where psycopg's errors are about values too (the cursor never executes).
+_FORMAT_ERRORS: tuple[type[Exception], ...] = (*_SHAPE_ERRORS, psycopg.Error)
+# What writing a row raises when the database (or its driver) refuses a value: PostgreSQL's class 22
+# (DataError: too long, out of range, a NUL in a string), a value the driver cannot convert (OverflowError for
+# an integer out of range, TypeError for a type the column cannot take, UnicodeEncodeError for a lone surrogate).
+_VALUE_ERRORS: tuple[type[Exception], ...] = (
+    DataError,
+    psycopg.DataError,
+    ValueError,
+    TypeError,
+    OverflowError,
+)
+# PostgreSQL's integrity errors that are about one row's values (not null, check), not about other rows.
+_VALUE_SQLSTATES = frozenset({"23502", "23514"})
+# The longest error text kept with a quarantined line (a database's message may quote the whole row).
+QUARANTINE_ERROR_CHARS = 2000
+# Written next to the spool by a drainer in a process of its own: its threads' error counts, which the gateway
+# shows in /metrics (carbonledger/gateway_app.py).
+DRAINER_STATUS_FILE = "drainer-status.json"
 
 
 _PG_TYPES: dict[str, str] = {
@@ -145,7 +192,9 @@ class PreparedChunk:
     Preparing is pure Python (no database), so the writer prepares the next chunk on a helper
     thread while the database takes this one. ``rows`` hold for the head they were chained
     from; if the chain has moved on by the time the chunk is committed (duplicates dropped from
-    the previous chunk), the commit chains the records again from the real head.
+    the previous chunk), the commit chains the records again from the real head. A chunk holding
+    a record that cannot be parsed, chained or formatted stays unchained, ``refused`` saying why:
+    its commit then goes through it line by line.
     """
 
     start: SpoolPosition
@@ -163,6 +212,7 @@ class PreparedChunk:
     end_seq: int = 0
     end_hash: str = ""
     payloads: dict[str, bytes] | None = None  # binary COPY streams of ``rows``, per kind
+    refused: str = ""  # why a record of the chunk could not be prepared (the chunk then stays unchained)
 
     def parsed_records(self) -> list[dict[str, Any]]:
         if self.records is None:
@@ -170,10 +220,19 @@ class PreparedChunk:
         return self.records
 
     def chain_from(self, head: tuple[int, int, str], copy_cursor: Any = None) -> None:
+        try:
+            rows, end_seq, end_hash, devices = _chain(*head, self.parsed_records())
+            payloads = (
+                {k: copy_payload(copy_cursor, KINDS[k], kind_rows) for k, kind_rows in rows.items()}
+                if copy_cursor is not None
+                else None
+            )
+        except _FORMAT_ERRORS as exc:
+            self.refused = describe_error(exc)
+            return
         self.chain_pk, self.head_seq, self.head_hash = head
-        self.rows, self.end_seq, self.end_hash, self.devices = _chain(*head, self.parsed_records())
-        if copy_cursor is not None:
-            self.payloads = {k: copy_payload(copy_cursor, KINDS[k], rows) for k, rows in self.rows.items()}
+        self.rows, self.end_seq, self.end_hash, self.devices = rows, end_seq, end_hash, devices
+        self.payloads = payloads
 
     @property
     def chained(self) -> bool:
@@ -204,45 +263,47 @@ def prepare_chunk(
     copy_cursor: Any = None,
 ) -> PreparedChunk:
     """Parse ``lines`` and, given ``head`` = (chain pk, head seq, head hash), chain them from it
-    (and format their COPY streams, given a psycopg ``copy_cursor``)."""
-    records = _parse(lines)
-    chunk = PreparedChunk(start=start, end=end, lines=len(lines), devices=[], records=records)
+    (and format their COPY streams, given a psycopg ``copy_cursor``). A line that cannot be taken leaves the
+    chunk unchained, with ``refused`` set."""
+    chunk = PreparedChunk(start=start, end=end, lines=len(lines), devices=[], records=None, raw=lines)
+    try:
+        chunk.records = _parse(lines)
+        if head is None:
+            chunk.devices = [r for r in chunk.records if r.get("k") == "device"]
+    except _SHAPE_ERRORS as exc:
+        chunk.records = None
+        chunk.refused = describe_error(exc)
+        return chunk
     if head is not None:
         chunk.chain_from(head, copy_cursor)
-    else:
-        chunk.devices = [r for r in records if r.get("k") == "device"]
     return chunk
 
 
-def commit_chunk(chain_id: str, chunk: PreparedChunk) -> tuple[int, tuple[int, int, str]]:
+def commit_chunk(
+    chain_id: str, chunk: PreparedChunk, spool: Spool | SpoolReader | None = None
+) -> tuple[int, tuple[int, int, str]]:
     """Insert a chunk in one transaction with the chain head and the spool position it reaches.
 
-    Returns how many chained records were written and the chain's new head (pk, seq, hash).
-    Raises ``PositionMoved`` when the database checkpoint is not at ``chunk.start``.
+    Returns how many chained records were written (quarantine markers included) and the chain's new head
+    (pk, seq, hash). Raises ``PositionMoved`` when the database checkpoint is not at ``chunk.start``. When a
+    record of the chunk is refused for its data, the chunk is written line by line and that record quarantined;
+    ``spool`` (the one the chunk was read from) gives each quarantined line its exact position.
     """
     with transaction.atomic():
         chain = _lock_chain(chain_id)
         at = SpoolPosition.decode(chain.spool_position)
         if at != chunk.start:
             raise PositionMoved(at)
-        if chunk.devices:
-            upsert_devices(chunk.devices)
-        try:
-            with transaction.atomic():
-                if chunk.chained and (chunk.chain_pk, chunk.head_seq, chunk.head_hash) == (
-                    chain.pk,
-                    chain.head_seq,
-                    chain.head_hash,
-                ):
-                    _insert(chunk.rows, chunk.payloads)
-                    written = chunk.end_seq - chain.head_seq
-                    chain.head_seq, chain.head_hash = chunk.end_seq, chunk.end_hash
-                else:
-                    written = _chain_and_insert(chain, chunk.parsed_records())
-        except IntegrityError:
-            # Only a record already in the ledger can collide (the same id spooled twice):
-            # drop those and chain the rest, so the ledger holds each id exactly once.
-            written = _chain_and_insert(chain, _without_existing(chunk.parsed_records()))
+        written: int | None = None
+        if not chunk.refused:
+            try:
+                written = _write_chunk(chain, chunk)
+            except Exception as exc:
+                if not (isinstance(exc, _SHAPE_ERRORS) or refused_by_database(exc)):
+                    raise
+                chunk.refused = describe_error(exc)
+        if written is None:
+            written = _salvage(chain, chunk, spool)
         with connection.cursor() as cur:
             cur.execute(
                 f"UPDATE {LedgerChain._meta.db_table} SET head_seq = %s, head_hash = %s, spool_position = %s "
@@ -250,6 +311,260 @@ def commit_chunk(chain_id: str, chunk: PreparedChunk) -> tuple[int, tuple[int, i
                 [chain.head_seq, chain.head_hash, chunk.end.encode(), chain.pk],
             )
     return written, (chain.pk, chain.head_seq, chain.head_hash)
+
+
+def _write_chunk(chain: LedgerChain, chunk: PreparedChunk) -> int:
+    """The whole chunk at once (the fast path); each attempt in a savepoint, so that a refusal leaves the
+    transaction as it was for ``_salvage``."""
+    if chunk.devices:
+        with transaction.atomic():
+            upsert_devices(chunk.devices)
+    try:
+        with transaction.atomic():
+            if chunk.chained and (chunk.chain_pk, chunk.head_seq, chunk.head_hash) == (
+                chain.pk,
+                chain.head_seq,
+                chain.head_hash,
+            ):
+                _insert(chunk.rows, chunk.payloads)
+                written = chunk.end_seq - chain.head_seq
+                chain.head_seq, chain.head_hash = chunk.end_seq, chunk.end_hash
+                return written
+            return chain_and_insert(chain, chunk.parsed_records())
+    except IntegrityError as exc:
+        if refused_by_database(exc):
+            raise
+    # Only a record already in the ledger can collide (the same id spooled twice):
+    # drop those and chain the rest, so the ledger holds each id exactly once.
+    with transaction.atomic():
+        return chain_and_insert(chain, without_existing(chunk.parsed_records()))
+
+
+def refused_by_database(exc: BaseException) -> bool:
+    """Whether writing a row raised ``exc`` for the row's own values (quarantine it), rather than for the
+    database's state: unreachable, a duplicate key, a conflict in the chain (wait, skip or stop instead)."""
+    if isinstance(exc, _VALUE_ERRORS):
+        return True
+    if isinstance(exc, IntegrityError):
+        sqlstate = getattr(exc.__cause__, "sqlstate", None)
+        if sqlstate is not None:
+            return sqlstate in _VALUE_SQLSTATES
+        return str(exc).startswith(("NOT NULL constraint failed", "CHECK constraint failed"))  # SQLite
+    if isinstance(exc, ProgrammingError | InterfaceError):
+        return str(exc).startswith("Error binding parameter")  # SQLite: a value of a type it cannot store
+    return False
+
+
+def safe_text(text: str, limit: int) -> str:
+    """``text`` as any database stores it: no NUL, no lone surrogate (escaped instead), at most ``limit``
+    characters. For what the writer writes about a refused record, which must never be refused itself."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def describe_error(exc: BaseException) -> str:
+    return safe_text(f"{type(exc).__name__}: {exc}".strip(), QUARANTINE_ERROR_CHARS)
+
+
+@dataclass
+class _Line:
+    """One spool line of a chunk being salvaged: where it starts, and its record once parsed."""
+
+    raw: bytes
+    position: SpoolPosition
+    record: dict[str, Any] | None = None
+
+
+def _chunk_lines(chunk: PreparedChunk, spool: Spool | SpoolReader | None) -> list[_Line]:
+    """The chunk's lines, each with the spool position it starts at.
+
+    Read again from ``spool`` one line at a time: a chunk may span segments (and skip a torn tail between
+    them), which its start and its lines alone cannot place. Only for a refused chunk, so the extra reads do
+    not matter. Without a spool, the positions are counted from the chunk's start (exact within one segment).
+    """
+    raw = chunk.raw if chunk.raw is not None else []
+    lines: list[_Line] = []
+    if spool is None:
+        at = chunk.start
+        for line in raw:
+            lines.append(_Line(line, at))
+            at = SpoolPosition(at.segment, at.offset + len(line) + 1)
+        return lines
+    at = chunk.start
+    while at < chunk.end:
+        got, after = spool.read(at, 1)  # one whole line (a read always returns at least one)
+        if not got:
+            break
+        for line in got:
+            # A line never spans segments, so it starts its own length before the position after it.
+            lines.append(_Line(line, SpoolPosition(after.segment, after.offset - len(line) - 1)))
+        at = after
+    if chunk.raw is not None and [line.raw for line in lines] != chunk.raw:
+        raise RuntimeError(f"the spool from {chunk.start.encode()} no longer holds the lines read from it")
+    return lines
+
+
+def screen_line(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    """A line's record, and why the ledger cannot take it ("" when it can, as far as no database is asked)."""
+    try:
+        record = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return None, f"not a JSON record: {exc}"
+    if not isinstance(record, dict):
+        return None, f"not a JSON object but {type(record).__name__}"
+    k = record.get("k")
+    if k == "device":
+        return record, ""
+    if not isinstance(k, str) or k not in KINDS or k in WRITER_KINDS:
+        return record, f"ValueError: spool record of unknown kind {k!r}"
+    kind = KINDS[k]
+    try:
+        normalize(kind, record)
+    except _SHAPE_ERRORS as exc:
+        return record, describe_error(exc)
+    key = [record.get(name) for name in kind.natural_key]
+    if not all(isinstance(value, str | int | float) for value in key):
+        return (
+            record,
+            f"ValueError: {k} record's {', '.join(kind.natural_key)} must be plain values, got {key!r}",
+        )
+    return record, ""
+
+
+def _salvage(chain: LedgerChain, chunk: PreparedChunk, spool: Spool | SpoolReader | None) -> int:
+    """Write a refused chunk line by line, in spool order: the lines the ledger takes go in (runs of them at
+    once, split in halves while a run is refused: ``_write_run``), and each line it refuses goes to the
+    quarantine with a marker in its place in the chain. Returns the chained records written, markers included.
+    """
+    log.warning(
+        "ledger chain %s: the chunk %s..%s was refused (%s); writing it line by line",
+        chain.chain_id,
+        chunk.start.encode(),
+        chunk.end.encode(),
+        chunk.refused.splitlines()[0] if chunk.refused else "",
+    )
+    written = 0
+    run: list[_Line] = []
+    for line in _chunk_lines(chunk, spool):
+        line.record, problem = screen_line(line.raw)
+        if not problem and line.record is not None and line.record.get("k") == "device":
+            try:
+                with transaction.atomic():
+                    upsert_devices([line.record])
+                continue
+            except Exception as exc:
+                if not (isinstance(exc, _SHAPE_ERRORS) or refused_by_database(exc)):
+                    raise
+                problem = describe_error(exc)
+        if problem:
+            written += _write_run(chain, run)  # what came before it goes first: the chain keeps spool order
+            run = []
+            written += _quarantine(chain, line, problem)
+        else:
+            run.append(line)
+    return written + _write_run(chain, run)
+
+
+def _write_run(chain: LedgerChain, run: list[_Line]) -> int:
+    """Chain and insert ``run`` (lines whose records normalise); when the database refuses it, split it in
+    halves until the refused record is alone, and quarantine that one. Duplicates are dropped as in the fast
+    path; any other conflict is raised."""
+    if not run:
+        return 0
+    # Chained outside the try: every record was screened (it normalises), so only the database's or the
+    # driver's refusal of a value below is the run's fault; anything raised here is a bug, and is raised.
+    records = [line.record for line in run if line.record is not None]
+    rows, seq, prev, _devices = _chain(chain.pk, chain.head_seq, chain.head_hash, records)
+    try:
+        with transaction.atomic():
+            _insert(rows)
+        written = seq - chain.head_seq
+        chain.head_seq, chain.head_hash = seq, prev
+        return written
+    except Exception as exc:
+        if isinstance(exc, IntegrityError) and not refused_by_database(exc):
+            kept = _without_existing_items(run, lambda line: line.record or {})
+            if len(kept) == len(run):
+                raise  # no duplicate explains it: a conflict in the chain itself
+            return _write_run(chain, kept)
+        if not refused_by_database(exc):
+            raise
+        error = exc
+    if len(run) == 1:
+        return _quarantine(chain, run[0], describe_error(error))
+    half = len(run) // 2
+    return _write_run(chain, run[:half]) + _write_run(chain, run[half:])
+
+
+def _record_identity(record: dict[str, Any] | None) -> tuple[str, str]:
+    """The kind and id of a refused record, for the operator (kept short and storable whatever they hold)."""
+    if record is None:
+        return "", ""
+    k = record.get("k")
+    if not isinstance(k, str):
+        return "", ""
+    kind = KINDS.get(k)
+    key = "device_id" if k == "device" else kind.natural_key[0] if kind is not None else ""
+    value = record.get(key, "") if key else ""
+    return safe_text(k, 32), safe_text(value if isinstance(value, str) else str(value), 256)
+
+
+def _quarantine(chain: LedgerChain, line: _Line, error: str) -> int:
+    """Keep a refused line in the quarantine and chain a marker in its place; returns 1 (the marker)."""
+    record_kind, record_id = _record_identity(line.record)
+    digest = hashlib.sha256(line.raw).hexdigest()
+    created_ns = time.time_ns()
+    seq = append_marker(
+        chain,
+        action=LedgerQuarantineMarker.QUARANTINED,
+        line_sha256=digest,
+        spool_position=line.position.encode(),
+        record_kind=record_kind,
+        record_id=record_id,
+        detail=error,
+        marker_seq=0,
+        created_ns=created_ns,
+    )
+    LedgerQuarantine.objects.create(
+        chain_id=chain.pk,
+        marker_seq=seq,
+        spool_position=line.position.encode(),
+        line=line.raw,
+        line_sha256=digest,
+        record_kind=record_kind,
+        record_id=record_id,
+        error=error,
+        created_at=datetime.fromtimestamp(created_ns / 1e9, tz=UTC),
+    )
+    log.error(
+        "ledger chain %s: quarantined the %s record %r at spool position %s (marker seq %d): %s. The records "
+        "around it are written; `manage.py ledger_quarantine` lists it, `--retry` writes it after a fix",
+        chain.chain_id,
+        record_kind or "unreadable",
+        record_id,
+        line.position.encode(),
+        seq,
+        error.splitlines()[0] if error else "",
+    )
+    return 1
+
+
+def append_marker(chain: LedgerChain, **fields: Any) -> int:
+    """Chain a quarantine marker (``LedgerQuarantineMarker``'s fields) at the head of ``chain``, which the caller
+    holds locked; returns its seq. Every text is made storable first: a marker must never be refused."""
+    kind = KINDS["quarantine"]
+    record = {
+        **fields,
+        "record_kind": safe_text(fields.get("record_kind", ""), 32),
+        "record_id": safe_text(fields.get("record_id", ""), 256),
+        "detail": safe_text(fields.get("detail", ""), QUARANTINE_ERROR_CHARS),
+    }
+    values = normalize(kind, record)
+    seq = chain.head_seq + 1
+    digest = link_hash(chain.head_hash, kind.kind, seq, values)
+    bulk_insert(kind, [(chain.pk, seq, chain.head_hash, digest, *values)])
+    chain.head_seq, chain.head_hash = seq, digest
+    return seq
 
 
 def _lock_chain(chain_id: str) -> LedgerChain:
@@ -279,7 +594,7 @@ def append_records(chain_id: str, records: list[dict[str, Any]]) -> int:
     with transaction.atomic():
         chain, _ = LedgerChain.objects.get_or_create(chain_id=chain_id)
         chain = LedgerChain.objects.select_for_update().get(pk=chain.pk)
-        written = _chain_and_insert(chain, records)
+        written = chain_and_insert(chain, records)
         chain.save(update_fields=["head_seq", "head_hash"])
     return written
 
@@ -295,16 +610,16 @@ def _chain(
     """
     rows: dict[str, list[tuple[Any, ...]]] = {}
     devices: list[dict[str, Any]] = []
-    fns = {k: normalizer(kind) for k, kind in KINDS.items()}
+    fns = {k: normalizer(kind) for k, kind in KINDS.items() if k not in WRITER_KINDS}
     for rec in records:
         k = rec.get("k")
         fn = fns.get(k)
         if fn is None:
             if k == "device":
                 devices.append(rec)
-            else:
-                log.error("spool record of unknown kind %r skipped: %s", k, rec)
-            continue
+                continue
+            # Quarantined rather than dropped: a newer gateway's kind can be retried after an upgrade.
+            raise ValueError(f"spool record of unknown kind {k!r}")
         try:
             values = fn(rec)
         except KeyError:
@@ -324,7 +639,9 @@ def _insert(rows: dict[str, list[tuple[Any, ...]]] | None, payloads: dict[str, b
             bulk_insert(KINDS[k], rows.get(k) if rows else None, payload)
 
 
-def _chain_and_insert(chain: LedgerChain, records: list[dict[str, Any]]) -> int:
+def chain_and_insert(chain: LedgerChain, records: list[dict[str, Any]]) -> int:
+    """Chain ``records`` (spool-shaped) at the head of ``chain``, which the caller holds locked, and insert them;
+    moves the chain object's head (the caller saves it) only once they are in. Returns how many were chained."""
     rows, seq, prev, _devices = _chain(chain.pk, chain.head_seq, chain.head_hash, records)
     _insert(rows)
     written = seq - chain.head_seq
@@ -344,16 +661,29 @@ def _existing_keys(kind: RecordKind, keys: set[tuple[Any, ...]]) -> set[tuple[An
     return set(rows.values_list(*kind.natural_key))
 
 
-def _without_existing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def without_existing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` less those the ledger already holds (by natural key) or that repeat an earlier one."""
+    return _without_existing_items(records, lambda rec: rec)
+
+
+_Item = TypeVar("_Item")
+
+
+def _without_existing_items(
+    items: Sequence[_Item], record_of: Callable[[_Item], dict[str, Any]]
+) -> list[_Item]:
+    """``items`` less those whose record the ledger already holds, or that repeat an earlier one's key."""
     wanted: dict[str, set[tuple[Any, ...]]] = defaultdict(set)
-    for rec in records:
+    for item in items:
+        rec = record_of(item)
         kind = KINDS.get(rec.get("k", ""))
         if kind is not None:
             wanted[kind.kind].add(_natural_key(kind, rec))
     existing = {k: _existing_keys(KINDS[k], keys) for k, keys in wanted.items()}
-    kept: list[dict[str, Any]] = []
+    kept: list[_Item] = []
     seen: dict[str, set[tuple[Any, ...]]] = defaultdict(set)
-    for rec in records:
+    for item in items:
+        rec = record_of(item)
         kind = KINDS.get(rec.get("k", ""))
         if kind is None:
             continue
@@ -362,7 +692,7 @@ def _without_existing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             log.warning("ledger already holds %s %s; the duplicate is not written again", kind.kind, key)
             continue
         seen[kind.kind].add(key)
-        kept.append(rec)
+        kept.append(item)
     return kept
 
 
@@ -383,9 +713,11 @@ class LedgerWriter:
         max_chunk_bytes: int = 4 << 20,
         max_backoff_s: float = 5.0,
         preparer_min_backlog_bytes: int | None = 16 << 20,
+        thread_errors: ThreadErrors = THREAD_ERRORS,
     ) -> None:
         """``preparer_min_backlog_bytes``: on PostgreSQL, from this backlog on the next chunks are prepared in a
-        preparer process rather than on a helper thread (None: never)."""
+        preparer process rather than on a helper thread (None: never). ``thread_errors``: where the drain loop
+        counts (and logs) the failures it survives, shown in /metrics."""
         self.spool = spool
         self.interval_s = interval_s
         self.max_chunk_bytes = max_chunk_bytes
@@ -396,6 +728,8 @@ class LedgerWriter:
         self.records_written = 0
         self.last_error = ""
         self.healthy = True
+        self.thread_errors = 0  # iterations of the drain loop that failed other than by a database outage
+        self._thread_errors = thread_errors
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -483,7 +817,7 @@ class LedgerWriter:
     def _commit(self, chunk: PreparedChunk) -> bool:
         """Commit a chunk read from ``self.position``; False when another writer moved the checkpoint."""
         try:
-            written, self._head = commit_chunk(self.spool.chain_id, chunk)
+            written, self._head = commit_chunk(self.spool.chain_id, chunk, self.spool)
         except PositionMoved as moved:
             log.warning("ledger chain %s: %s; re-reading from there", self.spool.chain_id, moved)
             self.position = moved.position
@@ -524,7 +858,7 @@ class LedgerWriter:
         chunk.raw = lines
         try:
             while True:
-                if not chunk.chained and self._head is not None:
+                if not chunk.chained and not chunk.refused and self._head is not None:
                     chunk.chain_from(self._head)  # parsed ahead before the head was known
                 following, after = self.spool.read(chunk.end, self.max_chunk_bytes)
                 head = chunk.end_head
@@ -583,7 +917,7 @@ class LedgerWriter:
                 close_old_connections()
                 self.drain_available(stop=None if stopping else self._stop)
                 if not self.healthy:
-                    log.warning("ledger writer: database reachable again; spool drained")
+                    log.warning("ledger writer: writing again (after %s)", self.last_error.splitlines()[0])
                 self.healthy = True
                 self.last_error = ""
                 backoff = self.interval_s
@@ -599,15 +933,44 @@ class LedgerWriter:
                 connection.close()
                 backoff = min(self.max_backoff_s, backoff * 2)
             except Exception as exc:
-                # A record the ledger refuses (fields that contradict each other, a malformed line) stops the
-                # drain at its chunk rather than leaving a hole in the chain: the spool keeps it, the gateway
-                # goes on until the spool is full, and the error names the record for an operator.
+                # A record refused for its data is quarantined inside the commit, so this is anything else (a
+                # bug, the spool unreadable): the loop goes on from the checkpoint, which still holds what
+                # failed; the failure is logged once with where the writer stood, and counted for /metrics.
                 self.healthy = False
                 self.last_error = f"{type(exc).__name__}: {exc}"
-                log.exception("ledger writer: unexpected error; retrying")
-                connection.close()
+                self.thread_errors += 1
+                self._thread_errors.record(
+                    exc,
+                    f"the ledger writer of chain {self.spool.chain_id} failed at spool position "
+                    f"{self.position.encode()} ({self.spool.backlog_bytes} bytes waiting); it retries from there",
+                    thread="ledger-writer",
+                )
+                with contextlib.suppress(DatabaseError):
+                    connection.close()
                 backoff = min(self.max_backoff_s, backoff * 2)
             if stopping:
                 return
             self._wake.wait(backoff if not self.healthy else self.interval_s)
             self._wake.clear()
+
+
+def write_drainer_status(directory: Path, thread_errors: dict[str, int]) -> None:
+    """Publish this drainer process's thread error counts next to its spool (atomically: a temporary file, then
+    a rename), for the gateway that started it to show in /metrics."""
+    status = {"pid": os.getpid(), "thread_errors": thread_errors}
+    tmp = directory / f"{DRAINER_STATUS_FILE}.{os.getpid()}.tmp"
+    tmp.write_bytes(orjson.dumps(status))
+    os.replace(tmp, directory / DRAINER_STATUS_FILE)
+
+
+def read_drainer_status(directory: Path) -> tuple[int, dict[str, int]] | None:
+    """(pid, thread error counts) as a drainer process last published them; None when there is none (yet)."""
+    try:
+        status = orjson.loads((directory / DRAINER_STATUS_FILE).read_bytes())
+        pid, counts = int(status["pid"]), status["thread_errors"]
+        return pid, {str(name): int(count) for name, count in counts.items()}
+    except FileNotFoundError:
+        return None
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        log.warning("ignoring the drainer's status file in %s: %s", directory, exc)
+        return None

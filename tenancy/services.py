@@ -47,7 +47,12 @@ def organization_create(*, slug: str, name: str = "") -> Organization:
     if Organization.objects.filter(slug=slug).exists():
         raise ServiceError(f"an organization with the slug '{slug}' already exists")
     org = Organization(slug=slug, name=name or slug)
-    org.full_clean()
+    try:
+        org.full_clean()
+    except ValidationError as exc:
+        raise ServiceError(
+            "; ".join(f"{field}: {' '.join(m)}" for field, m in exc.message_dict.items())
+        ) from None
     org.save()
     return org
 
@@ -60,6 +65,11 @@ def organization_get_or_create(*, slug: str, name: str = "") -> Organization:
 @transaction.atomic
 def api_key_create(*, organization: Organization, scopes: str | list[str], name: str = "") -> CreatedApiKey:
     scope_list = parse_scopes(scopes)
+    limit = ApiKey._meta.get_field("name").max_length or 0
+    if len(name) > limit:
+        raise ServiceError(f"the key's name must be at most {limit} characters, got {len(name)}")
+    if "\x00" in name:
+        raise ServiceError("the key's name contains a NUL character")
     prefix = secrets.token_hex(6)
     raw = f"{KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
     key = ApiKey.objects.create(
@@ -91,6 +101,11 @@ def user_create(*, organization: Organization, username: str, password: str, rol
     if User.objects.filter(username=username).exists():
         raise ServiceError(f"the username '{username}' is taken")
     user = User(username=username)
+    try:
+        # The username's own rules (150 characters, letters, digits and @.+-_), which save() does not check.
+        user.clean_fields(exclude=[f.name for f in User._meta.fields if f.name != "username"])
+    except ValidationError as exc:
+        raise ServiceError("username: " + " ".join(exc.message_dict["username"])) from None
     try:
         validate_password(password, user)
     except ValidationError as exc:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from inference.errors import THREAD_ERRORS, ThreadErrors
+
 MeterMethod = Literal["nvml-counter", "nvml-power-integration", "rapl", "triton", "modelled"]
 
 #: Nominal relative uncertainty (1 sigma-ish, as a fraction of the reported
@@ -262,15 +264,24 @@ class Meter(ABC):
 class PeriodicThread:
     """Calls ``fn`` every ``period_s`` on a daemon thread until :meth:`stop`.
 
-    Exceptions from ``fn`` are stored in :attr:`last_error` and the loop carries
-    on: a transient failure must not silently stop sampling for good.
+    Exceptions from ``fn`` are stored in :attr:`last_error`, counted in
+    ``thread_errors`` (shown in /metrics), logged once (not once a period while
+    they repeat), and the loop carries on: a transient failure must not silently
+    stop sampling for good.
     """
 
-    def __init__(self, name: str, period_s: float, fn: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        period_s: float,
+        fn: Callable[[], None],
+        thread_errors: ThreadErrors = THREAD_ERRORS,
+    ) -> None:
         if period_s <= 0:
             raise ValueError(f"period_s must be > 0, got {period_s!r}")
         self._period_s = period_s
         self._fn = fn
+        self._thread_errors = thread_errors
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.last_error: BaseException | None = None
@@ -292,3 +303,7 @@ class PeriodicThread:
             except Exception as exc:  # stored for diagnostics, see class doc
                 self.last_error = exc
                 self.errors += 1
+                self._thread_errors.record(
+                    exc,
+                    f"periodic meter thread {self._thread.name} failed; it retries every {self._period_s} s",
+                )

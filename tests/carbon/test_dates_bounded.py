@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from carbon import co2e
 from carbon import services as carbon
-from carbon.intensity_csv import IntensityImportError, parse_intensity_csv
+from carbon.intensity_csv import DEFAULT_YEARS, IntensityImportError, parse_intensity_csv
 from carbon.models import ContractualInstrument, PueRecord
 from carbon.rollups import rollups_update
 from demo.synthetic_ledger import generate_ledger
@@ -39,7 +39,9 @@ def org() -> Organization:
 
 def _client(org: Organization) -> APIClient:
     client = APIClient(raise_request_exception=False)
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_create(organization=org, scopes='read,admin').raw_key}")
+    client.credentials(
+        HTTP_AUTHORIZATION=f"Bearer {api_key_create(organization=org, scopes='read,admin').raw_key}"
+    )
     return client
 
 
@@ -59,14 +61,18 @@ def _instrument(**overrides: Any) -> dict[str, Any]:
 # -- PUE records -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("valid_from", ["0001-01-01T00:00:00Z", "9999-12-31T00:00:00Z", "1969-12-31T23:00:00Z"])
+@pytest.mark.parametrize(
+    "valid_from", ["0001-01-01T00:00:00Z", "9999-12-31T00:00:00Z", "1969-12-31T23:00:00Z"]
+)
 def test_a_pue_record_outside_the_ledgers_years_is_a_400_naming_valid_from(
     org: Organization, valid_from: str
 ) -> None:
     client = _client(org)
     site = carbon.site_create(name="paris", zone="FR", organization=org)
     response = client.post(
-        f"{API}/sites/{site.pk}/pue", {"pue": "1.2", "source": "measured", "valid_from": valid_from}, format="json"
+        f"{API}/sites/{site.pk}/pue",
+        {"pue": "1.2", "source": "measured", "valid_from": valid_from},
+        format="json",
     )
     assert response.status_code == 400, response.json()
     assert "valid_from" in str(response.json()) and "1970" in str(response.json())
@@ -76,7 +82,7 @@ def test_a_pue_record_outside_the_ledgers_years_is_a_400_naming_valid_from(
 
 def test_the_service_refuses_a_pue_record_outside_the_years(org: Organization) -> None:
     site = carbon.site_create(name="paris", zone="FR", organization=org)
-    with pytest.raises(ServiceError, match="valid_from.*1970-2100"):
+    with pytest.raises(ServiceError, match=r"valid_from.*1970-2100"):
         carbon.site_set_pue(site=site, pue="1.2", source="declared", valid_from=datetime(1, 1, 1, tzinfo=UTC))
     carbon.site_set_pue(site=site, pue="1.2", source="declared", valid_from=datetime(2100, 1, 1, tzinfo=UTC))
 
@@ -96,7 +102,9 @@ def test_an_instrument_vintage_outside_the_years_is_a_400_naming_the_vintage(
     org: Organization, start: str, end: str
 ) -> None:
     client = _client(org)
-    response = client.post(f"{API}/instruments", _instrument(vintage_start=start, vintage_end=end), format="json")
+    response = client.post(
+        f"{API}/instruments", _instrument(vintage_start=start, vintage_end=end), format="json"
+    )
     assert response.status_code == 400, response.json()
     assert "vintage" in str(response.json())
     assert not ContractualInstrument.objects.filter(organization=org).exists()
@@ -118,7 +126,9 @@ def test_an_instrument_vintage_outside_the_years_is_a_400_naming_the_vintage(
     ],
     ids=["certificate-of-ten-years", "unlimited-supplier-rate-of-a-century"],
 )
-def test_an_instrument_covering_more_than_a_year_is_refused(org: Organization, overrides: dict[str, Any]) -> None:
+def test_an_instrument_covering_more_than_a_year_is_refused(
+    org: Organization, overrides: dict[str, Any]
+) -> None:
     response = _client(org).post(f"{API}/instruments", _instrument(**overrides), format="json")
     assert response.status_code == 400, response.json()
     assert "vintage" in str(response.json()) and "year" in str(response.json())
@@ -211,17 +221,23 @@ def test_the_core_excludes_an_instrument_whose_vintage_is_longer_than_a_year() -
 # -- one range everywhere --------------------------------------------------------------------------
 
 
-def test_residual_mix_years_follow_the_same_range(org: Organization) -> None:
+def test_residual_mix_years_end_with_the_same_range(org: Organization) -> None:
     client = _client(org)
     body = {"zone": "FR", "intensity_g_per_kwh": "60", "source": "AIB"}
-    assert client.post(f"{API}/residual-mixes", {**body, "year": 1969}, format="json").status_code == 400
-    assert client.post(f"{API}/residual-mixes", {**body, "year": 1970}, format="json").status_code == 201
+    assert client.post(f"{API}/residual-mixes", {**body, "year": 1989}, format="json").status_code == 400
+    assert client.post(f"{API}/residual-mixes", {**body, "year": 2100}, format="json").status_code == 201
     assert client.post(f"{API}/residual-mixes", {**body, "year": 2101}, format="json").status_code == 400
+    with pytest.raises(ServiceError, match="2100"):
+        carbon.residual_mix_create(
+            zone="FR", year=2101, intensity_g_per_kwh="60", source="AIB", organization=org
+        )
 
 
 def test_a_report_period_outside_the_years_is_a_400_naming_it(org: Organization) -> None:
     client = APIClient(raise_request_exception=False)
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_create(organization=org, scopes='read,admin').raw_key}")
+    client.credentials(
+        HTTP_AUTHORIZATION=f"Bearer {api_key_create(organization=org, scopes='read,admin').raw_key}"
+    )
     response = client.post(f"{API}/reports", {"start": "0001-01-01", "end": "0001-02-01"}, format="json")
     assert response.status_code == 400, response.json()
     assert "start" in response.json() and "1970" in str(response.json())
@@ -233,7 +249,12 @@ def test_ledger_queries_use_the_same_range(org: Organization) -> None:
     assert client.get(f"{API}/ledger/requests", {"start": "1970-01-01T00:00:00Z"}).status_code == 200
 
 
-def test_factor_files_use_the_same_range() -> None:
+def test_factor_files_use_the_same_range(org: Organization) -> None:
+    assert DEFAULT_YEARS == (co2e.FIRST_YEAR, co2e.LAST_YEAR)  # the parser alone imports no project module
+    record = carbon.factor_import_csv(
+        data=b"zone,datetime,g_co2e_per_kwh\nFR,1969-03-01T13:00:00Z,50\n", name="old.csv", organization=org
+    )
+    assert record.status == "rejected" and "1970" in record.errors[0]["reason"]
     with pytest.raises(IntensityImportError, match="1970"):
         parse_intensity_csv("zone,datetime,g_co2e_per_kwh\nFR,1969-03-01T13:00:00Z,50\n")
     parsed = parse_intensity_csv("zone,datetime,g_co2e_per_kwh\nFR,1970-03-01T13:00:00Z,50\n")

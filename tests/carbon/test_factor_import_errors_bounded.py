@@ -64,7 +64,9 @@ def test_a_rejected_import_stores_the_first_100_problems_and_the_total(org: Orga
 
 def test_the_api_answers_the_first_100_problems_and_the_count_and_lists_no_more(org: Organization) -> None:
     client = APIClient(raise_request_exception=False)
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_create(organization=org, scopes='read,admin').raw_key}")
+    client.credentials(
+        HTTP_AUTHORIZATION=f"Bearer {api_key_create(organization=org, scopes='read,admin').raw_key}"
+    )
     data = _bad_file()
     response = client.post(
         f"{API}/factor-imports",
@@ -92,7 +94,10 @@ def test_the_dashboard_names_the_total_count_of_problems(org: Organization) -> N
     assert client.login(username="uploader", password=PASSWORD)
     response = client.post(
         "/dashboard/settings",
-        {"action": "upload", "upload-file": SimpleUploadedFile("bad.csv", _bad_file(), content_type="text/csv")},
+        {
+            "action": "upload",
+            "upload-file": SimpleUploadedFile("bad.csv", _bad_file(), content_type="text/csv"),
+        },
     )
     assert response.status_code == 200
     page = response.content.decode()

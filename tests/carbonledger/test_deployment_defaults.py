@@ -46,7 +46,12 @@ def _manage(var_dir: Path, *args: str, **env: str) -> subprocess.CompletedProces
     environ = {k: v for k, v in os.environ.items() if k not in OURS}
     environ.update(CARBONLEDGER_VAR_DIR=str(var_dir), **env)
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

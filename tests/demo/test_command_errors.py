@@ -48,6 +48,10 @@ def _user_exists() -> None:
     call_command("create_user", "cmd-org", "someone")
 
 
+def _report(org: str, start: str, end: str, out: str = "/tmp") -> tuple[str, ...]:
+    return ("generate_report", "--org", org, "--start", start, "--end", end, "--out", out)
+
+
 # (set-up, command and arguments, words the one-line message must hold)
 CASES: list[tuple[Callable[[], None], tuple[str, ...], str]] = [
     # tenancy
@@ -63,6 +67,7 @@ CASES: list[tuple[Callable[[], None], tuple[str, ...], str]] = [
     (_organization_exists, ("create_user", "cmd-org", "someone", "--role", "god"), "role"),
     (_user_exists, ("create_user", "cmd-org", "someone"), "someone"),
     (_nothing, ("revoke_api_key", "nosuchprefix"), "nosuchprefix"),
+    (_nothing, ("drain_ledger", "--once", "--spool", "/nonexistent/spool"), "/nonexistent/spool"),
     (_key_revoked, ("revoke_api_key", "__PREFIX__"), "revoked"),
     # carbon
     (_nothing, ("carbon_threshold", "--site", "x1"), "--site"),
@@ -79,13 +84,22 @@ CASES: list[tuple[Callable[[], None], tuple[str, ...], str]] = [
     (_organization_exists, ("load_demo_ledger", "--org", "cmd-org", "--days", "0"), "days"),
     (_organization_exists, ("load_demo_ledger", "--org", "cmd-org", "--days", "1e9"), "days"),
     (_organization_exists, ("load_demo_ledger", "--org", "cmd-org", "--requests", "many"), "requests"),
-    (_demo_ledger_loaded, ("load_demo_ledger", "--org", "cmd-org", "--requests", "20", "--days", "0.05"), "already"),
+    (
+        _demo_ledger_loaded,
+        ("load_demo_ledger", "--org", "cmd-org", "--requests", "20", "--days", "0.05"),
+        "already",
+    ),
     (_nothing, ("install_demo_models", "--target", "/proc/no-such-place"), "/proc/no-such-place"),
     # reports
-    (_nothing, ("generate_report", "--org", "no-such-org", "--start", "2025-01-01", "--end", "2025-02-01", "--out", "/tmp"), "no-such-org"),
-    (_organization_exists, ("generate_report", "--org", "cmd-org", "--start", "first", "--end", "2025-02-01", "--out", "/tmp"), "--start"),
-    (_organization_exists, ("generate_report", "--org", "cmd-org", "--start", "2025-02-01", "--end", "2025-01-01", "--out", "/tmp"), "start"),
-    (_organization_exists, ("generate_report", "--org", "cmd-org", "--start", "0001-01-01", "--end", "0001-02-01", "--out", "/tmp"), "1970"),
+    (_nothing, _report("no-such-org", "2025-01-01", "2025-02-01"), "no-such-org"),
+    (_organization_exists, _report("cmd-org", "first", "2025-02-01"), "--start"),
+    (_organization_exists, _report("cmd-org", "2025-02-01", "2025-01-01"), "start"),
+    (_organization_exists, _report("cmd-org", "0001-01-01", "0001-02-01"), "1970"),
+    (
+        _organization_exists,
+        _report("cmd-org", "2025-01-01", "2025-02-01", out="/proc/no-such-folder"),
+        "--out",
+    ),
     # carbonledger
     (_nothing, ("serve", "--port", "http"), "port"),
     (_nothing, ("serve", "--port", "70000"), "port"),
@@ -108,12 +122,23 @@ def test_a_bad_argument_or_an_impossible_state_is_one_line_and_a_command_error(
     assert words.lower() in message.lower(), message
 
 
-def test_load_demo_ledger_twice_on_the_same_database_exits_with_one_line_and_no_traceback(tmp_path: Path) -> None:
-    env = {**os.environ, "CARBONLEDGER_VAR_DIR": str(tmp_path), "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"}
+def test_load_demo_ledger_twice_on_the_same_database_exits_with_one_line_and_no_traceback(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **os.environ,
+        "CARBONLEDGER_VAR_DIR": str(tmp_path),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+    }
 
     def manage(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
 
     assert manage("migrate", "--noinput").returncode == 0

@@ -363,30 +363,6 @@ def test_a_batch_energy_record_stores_its_arrays_as_compact_json_and_verifies() 
     assert [r.broken for r in verify_all()] == [None]
 
 
-def test_the_writer_stops_at_a_refused_record_names_it_and_keeps_the_spool(tmp_path: Path) -> None:
-    org = OrganizationFactory()
-    good, _ = lines_for_batch(org.pk, requests=2, prefix="g")
-    bad = orjson.dumps({**_SPLIT, "shares_uj": [7, 4]}) + b"\n"
-    spool = _spool(tmp_path / "spool", [good, [bad]])
-    backlog = spool.backlog_bytes
-    writer = LedgerWriter(spool, interval_s=0.05, max_backoff_s=0.1)
-    writer.recover()
-    writer.start()
-    try:
-        deadline = time.monotonic() + 10
-        while writer.healthy and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not writer.healthy
-        assert "batch_energy record of batch 's.b1'" in writer.last_error
-        assert "add up to 11" in writer.last_error
-    finally:
-        writer.stop(timeout_s=2)
-    # Nothing of the refused chunk (the good batch before it included) is written, and the spool keeps it all.
-    assert LedgerBatchEnergy.objects.count() == 0 and LedgerRequest.objects.count() == 0
-    assert spool.backlog_bytes == backlog > 0
-    spool.close()
-
-
 # The writer thread commits on its own connection, outside the test's transaction: without a flush at the end
 # its device, chain and requests would stay in the database for the tests after this one.
 @pytest.mark.django_db(transaction=True)

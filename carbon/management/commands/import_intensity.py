@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from carbon.models import FactorImport
-from carbon.services import factor_import_csv
+from carbon.services import factor_import_csv, import_errors
 from tenancy import selectors
 from tenancy.services import ServiceError
 
@@ -51,10 +51,12 @@ class Command(BaseCommand):
         except ServiceError as exc:
             raise CommandError(str(exc)) from None
         if record.status != FactorImport.Status.ACCEPTED:
-            for error in record.errors:
+            shown, count = import_errors(record)
+            for error in shown:
                 self.stderr.write(f"{path.name}:{error['line']}: {error['reason']}")
+            listed = f", the first {len(shown)} listed" if len(shown) < count else ""
             raise CommandError(
-                f"{path.name} rejected: {len(record.errors)} bad row(s), nothing imported (import {record.pk})"
+                f"{path.name} rejected: {count} bad row(s){listed}, nothing imported (import {record.pk})"
             )
         self.stdout.write(
             f"imported {record.row_count} factor(s) from {path.name} ({record.layout}) as version {record.pk}"

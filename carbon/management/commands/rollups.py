@@ -11,8 +11,9 @@ class Command(BaseCommand):
     help = "Update the hourly rollups from new ledger records; --rebuild builds them again from scratch."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--rebuild", action="store_true", help="drop the rollups and rebuild from raw")
-        parser.add_argument("--carbon", action="store_true", help="only recompute CO2e (factors changed)")
+        what = parser.add_mutually_exclusive_group()
+        what.add_argument("--rebuild", action="store_true", help="drop the rollups and rebuild from raw")
+        what.add_argument("--carbon", action="store_true", help="only recompute CO2e (factors changed)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["carbon"]:

@@ -27,6 +27,8 @@ class Command(BaseCommand):
                 port = int(raw)
             except ValueError:
                 raise CommandError(f"PORT must be an integer, got {raw!r}") from None
+        if not 0 <= port <= 65535:  # 0: any free port
+            raise CommandError(f"the port must be from 0 to 65535, got {port}")
         if os.environ.get("OPENBLAS_NUM_THREADS") is None:
             # manage.py sets it before numpy loads; setting it here would be too late to matter.
             self.stderr.write(
@@ -39,16 +41,27 @@ class Command(BaseCommand):
         sys.setswitchinterval(settings.GATEWAY_SWITCH_INTERVAL_S)
         # Measured here: the stdlib asyncio loop beat uvloop, httptools beat h11 by 25-30 %,
         # and one process with one batcher per model beat two workers (which split batches).
-        # httptools, with each response's headers and body sent in one write (see http_protocol).
+        # httptools, with each response's headers and body sent in one write, read time-outs and header and
+        # connection caps (see http_protocol).
+        protocol = CoalescingHttpToolsProtocol.with_limits(
+            header_timeout_s=settings.GATEWAY_HEADER_TIMEOUT_S,
+            body_timeout_s=settings.GATEWAY_BODY_TIMEOUT_S,
+            max_headers=settings.GATEWAY_MAX_HEADERS,
+            max_header_bytes=settings.GATEWAY_MAX_HEADER_BYTES,
+            max_connections=settings.GATEWAY_MAX_CONNECTIONS,
+        )
         uvicorn.run(
             "carbonledger.asgi:application",
             host=opts["host"],
             port=port,
             loop="asyncio",
-            http=CoalescingHttpToolsProtocol,
+            http=protocol,
             lifespan="on",
             access_log=False,
             server_header=False,
+            # Django alone decides what X-Forwarded-For and -Proto mean (TRUSTED_PROXIES,
+            # SECURE_PROXY_SSL_HEADER); uvicorn's own default would believe any local peer.
+            proxy_headers=False,
             date_header=False,
             log_level="info",
         )

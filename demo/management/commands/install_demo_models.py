@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 DEMO_REPOSITORY = Path(__file__).resolve().parents[3] / "inference" / "demo_repository"
 
@@ -21,13 +21,21 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         target = Path(opts["target"] or settings.MODEL_REPOSITORY)
+        try:
+            self._install(target, force=opts["force"])
+        except OSError as exc:
+            raise CommandError(
+                f"cannot install the demo models into {target}: {exc.strerror or exc}"
+            ) from None
+
+    def _install(self, target: Path, *, force: bool) -> None:
         target.mkdir(parents=True, exist_ok=True)
         for model_dir in sorted(DEMO_REPOSITORY.iterdir()):
             if not (model_dir / "config.pbtxt").is_file():
                 continue
             dest = target / model_dir.name
             if dest.exists():
-                if not opts["force"]:
+                if not force:
                     self.stdout.write(f"kept {dest}")
                     continue
                 shutil.rmtree(dest)

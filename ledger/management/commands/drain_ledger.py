@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connection
 
+from inference.errors import THREAD_ERRORS
 from inference.spool import SpoolReader
-from ledger.writer import DRAINER_SWITCH_INTERVAL_S, LedgerWriter
+from ledger.writer import DRAINER_SWITCH_INTERVAL_S, LedgerWriter, write_drainer_status
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,15 @@ class Command(BaseCommand):
             except OSError as exc:
                 log.warning("could not put the ledger writer on SCHED_IDLE: %s", exc)
         sys.setswitchinterval(DRAINER_SWITCH_INTERVAL_S)  # this process does nothing but drain
-        reader = SpoolReader(Path(opts["spool"] or settings.SPOOL_DIR))
+        spool_dir = Path(opts["spool"] or settings.SPOOL_DIR)
+        if not spool_dir.is_dir():
+            raise CommandError(
+                f"no spool at {spool_dir}: --spool (or SPOOL_DIR) must name a gateway's spool folder"
+            )
+        try:
+            reader = SpoolReader(spool_dir)
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"cannot read the spool at {spool_dir}: {exc}") from None
         writer = LedgerWriter(reader, interval_s=settings.LEDGER_WRITE_INTERVAL_S)
         if opts["once"]:
             writer.recover()
@@ -71,7 +80,23 @@ class Command(BaseCommand):
                     return
                 backoff = min(5.0, backoff * 2)
         writer.start()
+        published: dict[str, int] = {}
         while not stop.wait(0.5):
+            published = _publish(spool_dir, published)
             if orphaned():
                 break  # the gateway died (SIGKILL): drain what it spooled, then go
         writer.stop(timeout_s=60)
+        _publish(spool_dir, published)
+
+
+def _publish(spool_dir: Path, published: dict[str, int]) -> dict[str, int]:
+    """The failures this process's threads survived, for the gateway's /metrics, when they changed."""
+    counts = THREAD_ERRORS.counts()
+    if counts == published:
+        return published
+    try:
+        write_drainer_status(spool_dir, counts)
+    except OSError as exc:
+        log.warning("could not publish the ledger writer's status in %s: %s", spool_dir, exc)
+        return published
+    return counts

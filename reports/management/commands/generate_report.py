@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from carbon import co2e
 from reports.models import Report
 from reports.services import report_request
 from reports.tasks import generate_report
@@ -15,9 +16,13 @@ from tenancy.services import ServiceError
 
 def _day(raw: str, name: str) -> date:
     try:
-        return date.fromisoformat(raw)
+        day = date.fromisoformat(raw)
     except ValueError:
         raise CommandError(f"--{name} must be a date YYYY-MM-DD, got {raw!r}") from None
+    problem = co2e.year_problem(day, f"--{name}")  # the years every stored date keeps to
+    if problem:
+        raise CommandError(problem)
+    return day
 
 
 class Command(BaseCommand):
@@ -38,6 +43,11 @@ class Command(BaseCommand):
         if org is None:
             raise CommandError(f"no organization with the slug '{opts['org']}'")
         start, end = _day(opts["start"], "start"), _day(opts["end"], "end")
+        out: Path = opts["out"]
+        try:  # before the report runs: a folder that cannot be written would waste the run
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CommandError(f"--out {out}: {exc.strerror or exc}") from None
         try:
             report = report_request(
                 organization=org,
@@ -55,10 +65,11 @@ class Command(BaseCommand):
             raise CommandError(
                 f"report {report.pk} {report.status}: {report.failure_reason or 'still running'}"
             )
-        out: Path = opts["out"]
-        out.mkdir(parents=True, exist_ok=True)
         for file in report.files.order_by("format"):
             path = out / file.filename
-            path.write_bytes(bytes(file.content))
+            try:
+                path.write_bytes(bytes(file.content))
+            except OSError as exc:
+                raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
             self.stdout.write(f"{path}  sha256 {file.sha256}")
         self.stdout.write(f"report {report.pk}: inputs sha256 {report.inputs_sha256}")

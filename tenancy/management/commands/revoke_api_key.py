@@ -18,5 +18,9 @@ class Command(BaseCommand):
         key = ApiKey.objects.filter(prefix=opts["prefix"]).first()
         if key is None:
             raise CommandError(f"no API key with the prefix '{opts['prefix']}'")
+        if key.revoked_at is not None:
+            raise CommandError(
+                f"the API key {key.prefix} was already revoked at {key.revoked_at.isoformat()}"
+            )
         api_key_revoke(api_key=key)
         self.stdout.write(f"revoked {key.prefix}")
