@@ -355,3 +355,9 @@ def test_nested_fp32_output_with_nan_keeps_every_other_value() -> None:
     data = rapidjson.loads(out)["outputs"][0]["data"]
     assert np.isnan(data[0]) and data[1] == float(np.float32(0.1)) and data[3] == np.inf
     assert struct.pack("<d", data[2]) == struct.pack("<d", -0.0)
+
+
+def test_json_nested_deeper_than_the_parser_allows_is_a_400_naming_the_depth() -> None:
+    body = b'{"inputs":' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    with pytest.raises(InvalidInput, match="depth limit"):
+        decode_request(body, None)
