@@ -25,40 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     REPO,
     RESULTS_DIR,
-    Server,
-    SetupError,
     cleanup,
-    create_bench_key,
-    free_port_block,
-    gateway_env,
     git,
     machine_info,
-    serve_argv,
     utc_stamp,
-    wait_ready,
     write_json,
 )
-from compare_triton import DEMO_LINEAR, ensure_triton
-from ledger_overhead import run_pa
+from compare_triton import ensure_triton
+from ledger_overhead import run_pa, start_gateway
 
 TARGET_RATIO = 0.97
-
-
-def start_gateway(name: str, root: Path, work: Path) -> tuple[Server, str]:
-    var = work / name
-    models = var / "models"
-    models.mkdir(parents=True)
-    shutil.copytree(DEMO_LINEAR, models / "linear")
-    env = gateway_env(var, models, METERS="cpu-model", OPENBLAS_NUM_THREADS="1")
-    key = create_bench_key(env, root=root)
-    port = free_port_block(1)
-    server = Server(name, port, serve_argv(port), env, var / "serve.log", cwd=root)
-    server.start()
-    try:
-        wait_ready(server, timeout_s=60.0)
-    except SetupError as exc:
-        raise SystemExit(f"{name} did not become ready: {exc}") from None
-    return server, key
 
 
 def main() -> int:
@@ -77,8 +53,8 @@ def main() -> int:
     worktree = work / "base-checkout"
     subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.base], cwd=REPO, check=True)
     try:
-        base, base_key = start_gateway("base", worktree, work)
-        head, head_key = start_gateway("head", REPO, work)
+        base, base_key = start_gateway("base", work, ledger=True, root=worktree)
+        head, head_key = start_gateway("head", work, ledger=True)
         keys = {"base": base_key, "head": head_key}
         runs = []
         for r in range(args.rounds):

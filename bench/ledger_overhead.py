@@ -42,7 +42,8 @@ from common import (
 from compare_triton import DEMO_LINEAR, UNSTABLE_MARKER, ensure_triton, parse_perf_analyzer
 
 
-def start_gateway(name: str, work: Path, ledger: bool) -> tuple[Server, str]:
+def start_gateway(name: str, work: Path, ledger: bool, root: Path = REPO) -> tuple[Server, str]:
+    """A gateway on the demo `linear`, with the code of the checkout ``root``; returns it and its API key."""
     var = work / name
     models = var / "models"
     models.mkdir(parents=True)
@@ -54,9 +55,9 @@ def start_gateway(name: str, work: Path, ledger: bool) -> tuple[Server, str]:
         METERS="cpu-model",
         OPENBLAS_NUM_THREADS="1",
     )
-    key = create_bench_key(env)
+    key = create_bench_key(env, root=root)
     port = free_port_block(1)
-    server = Server(name, port, serve_argv(port), env, var / "serve.log")
+    server = Server(name, port, serve_argv(port), env, var / "serve.log", cwd=root)
     server.start()
     try:
         wait_ready(server, timeout_s=60.0)
