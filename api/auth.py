@@ -8,7 +8,6 @@ from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from tenancy import selectors
-from tenancy.access import ROLE_SCOPES, organization_of, scopes_of  # noqa: F401  (the API's views use them from here)
 from tenancy.models import ApiKey
 
 

@@ -16,7 +16,6 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from api.auth import organization_of
 from api.helpers import (
     INSTANT_MAX_YEAR,
     READ_ADMIN_WRITES,
@@ -36,6 +35,7 @@ from carbon.selectors import (
     instrument_summary,
     rollup_series,
 )
+from tenancy.access import organization_of
 from tenancy.models import Device, Site
 from tenancy.services import ServiceError
 

@@ -17,13 +17,13 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from api.auth import organization_of, scopes_of
 from api.helpers import InstantField, organization_id
 from api.openapi import doc
 from jobs import selectors
 from jobs.inputs import file_too_large
 from jobs.models import Job
 from jobs.services import job_retry, job_submit
+from tenancy.access import organization_of, scopes_of
 from tenancy.services import ServiceError
 
 

@@ -20,12 +20,12 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from api.auth import organization_of, scopes_of
 from api.helpers import READ_ADMIN_WRITES, organization_id, query_instant
 from api.openapi import LEDGER, doc
 from api.parsers import JSONParser
 from carbon.model_stats import model_stats
 from ledger import selectors as ledger_selectors
+from tenancy.access import organization_of, scopes_of
 from tenancy.models import ApiKey
 from tenancy.services import ServiceError, api_key_create, api_key_revoke
 

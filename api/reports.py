@@ -11,13 +11,13 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from api.auth import organization_of, scopes_of
 from api.helpers import DayField, HasReadScope, organization_id
 from api.openapi import doc
 from api.parsers import JSONParser
 from reports import selectors
 from reports.models import Report, ReportFile
 from reports.services import report_recalculate, report_request, report_retry
+from tenancy.access import organization_of, scopes_of
 from tenancy.services import ServiceError
 
 

@@ -9,7 +9,6 @@ from typing import Any
 
 from django.db.models import Q, Sum
 
-from carbon.model_stats import last_traffic_ns, model_stats  # noqa: F401  (the models page reads them here)
 from carbon.models import ContractualInstrument, HourlyRollup
 from carbon.selectors import grid_signal, rollup_series, rollup_totals
 from tenancy.models import Site

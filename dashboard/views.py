@@ -15,6 +15,7 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from carbon import services as carbon
+from carbon.model_stats import last_traffic_ns, model_stats
 from carbon.models import ContractualInstrument, FactorImport
 from carbon.selectors import factor_attributions, instrument_summary
 from dashboard import charts, forms, selectors
@@ -53,7 +54,7 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 @member
 def models_page(request: HttpRequest) -> HttpResponse:
-    stats = selectors.model_stats(organization_id(request))
+    stats = model_stats(organization_id(request))
     batch_charts = {
         model: charts.bar_chart(
             [str(size) for size in sizes],
@@ -69,7 +70,7 @@ def models_page(request: HttpRequest) -> HttpResponse:
 @member
 def energy_page(request: HttpRequest) -> HttpResponse:
     end = timezone.now().astimezone(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
-    latest = selectors.last_traffic_ns(organization_id(request))
+    latest = last_traffic_ns(organization_id(request))
     if latest is not None:
         end = min(
             end,
