@@ -27,11 +27,13 @@ from common import (
     RESULTS_DIR,
     cleanup,
     git,
+    group_cpu_seconds,
     machine_info,
     utc_stamp,
     write_json,
 )
 from compare_triton import ensure_triton
+from cpu_per_request import served
 from ledger_overhead import run_pa, start_gateway
 
 TARGET_RATIO = 0.97
@@ -60,6 +62,11 @@ def main() -> int:
         for r in range(args.rounds):
             order = [base, head, head, base] if r % 2 == 0 else [head, base, base, head]
             for i, server in enumerate(order):
+                # The serving process group's CPU per answered request beside the throughput: a steadier
+                # figure than throughput on a shared host (it does not move with what else gets the cores).
+                auth = {"Authorization": f"Bearer {keys[server.name]}"}
+                count0, _ = served(server.port, auth)
+                cpu0 = group_cpu_seconds(server.pgid)
                 res = run_pa(
                     triton_dir,
                     server,
@@ -70,10 +77,14 @@ def main() -> int:
                     f"{server.name}-r{r}-{i}",
                     args.retries,
                 )
+                cpu1 = group_cpu_seconds(server.pgid)
+                count1, _ = served(server.port, auth)
                 res["round"] = r
+                res["cpu_us_per_request"] = round((cpu1 - cpu0) * 1e6 / max(1, count1 - count0), 1)
                 runs.append(res)
                 print(
-                    f"round {r} {server.name}: {res['throughput']:.0f}/s p99 {res['p99_ms']:.2f} ms",
+                    f"round {r} {server.name}: {res['throughput']:.0f}/s p99 {res['p99_ms']:.2f} ms "
+                    f"cpu {res['cpu_us_per_request']:.1f} µs/request",
                     flush=True,
                 )
         head.stop()
@@ -98,6 +109,10 @@ def main() -> int:
             "meets_target": verdict >= TARGET_RATIO,
             "p99_ms": {
                 n: round(statistics.median(x["p99_ms"] for x in runs if x["server"] == n), 2)
+                for n in ("base", "head")
+            },
+            "cpu_us_per_request": {
+                n: statistics.median(x["cpu_us_per_request"] for x in runs if x["server"] == n)
                 for n in ("base", "head")
             },
             "runs": runs,
