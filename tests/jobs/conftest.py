@@ -87,6 +87,8 @@ class FakeGateway:
     url: str = ""
     received: list[dict[str, Any]] = field(default_factory=list)
     fail_ids: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # request id -> (status, body)
+    # Request ids answered with NaN and infinite outputs, in the bare tokens Triton writes in JSON.
+    non_finite_ids: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def answer(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
@@ -100,6 +102,13 @@ class FakeGateway:
             return failing
         x = np.asarray(doc["inputs"][0]["data"], dtype=np.float32).reshape(doc["inputs"][0]["shape"])
         y = linear_reference(x)
+        if doc.get("id") in self.non_finite_ids:
+            ledger_id = f"fake.{uuid.uuid4().hex}"
+            return 200, (
+                b'{"id":"%s","model_name":"linear","model_version":"1","parameters":{"ledger_id":"%s"},'
+                b'"outputs":[{"name":"y","datatype":"FP32","shape":[1,3],"data":[NaN,Infinity,-Infinity]}]}'
+                % (doc["id"].encode(), ledger_id.encode())
+            )
         return 200, orjson.dumps(
             {
                 "id": doc.get("id"),

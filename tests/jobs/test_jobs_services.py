@@ -274,6 +274,20 @@ def test_a_run_sends_every_request_to_the_gateway_with_an_infer_only_key_and_rec
     assert key.revoked_at is not None and done.api_key_id == key.pk
 
 
+def test_an_answer_with_nan_and_infinite_outputs_keeps_its_ledger_id(
+    org: Organization, fake_gateway: FakeGateway
+) -> None:
+    # Triton (and our gateway) write non-finite floats as the bare tokens NaN, Infinity and -Infinity, which
+    # strict JSON parsers refuse; the request was served and metered all the same.
+    fake_gateway.non_finite_ids.add("r1")
+    job = _queued_job(org, 3)
+    done = services.job_run(job.pk)
+    assert done is not None and done.status == Job.Status.DONE, done and done.failure_reason
+    outputs = {o.index: o for o in JobOutput.objects.filter(job=job)}
+    assert b"Infinity" in outputs[1].response.encode()
+    assert all(o.ledger_id.startswith("fake.") for o in outputs.values())
+
+
 def test_a_job_is_not_run_twice(org: Organization, fake_gateway: FakeGateway) -> None:
     job = _queued_job(org)
     services.job_run(job.pk)
