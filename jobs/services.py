@@ -11,6 +11,7 @@ the run ends. The submitting key is never stored, and no secret sits in the data
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -222,7 +223,12 @@ def _ledger_id(answer: InferAnswer) -> str:
     try:
         doc = orjson.loads(answer.body)
     except orjson.JSONDecodeError:
-        return ""
+        # Non-finite outputs come as the bare tokens NaN, Infinity and -Infinity, as Triton writes them: the
+        # standard library reads those; orjson does not.
+        try:
+            doc = json.loads(answer.body)
+        except ValueError:
+            return ""
     params = doc.get("parameters") if isinstance(doc, dict) else None
     value = params.get("ledger_id") if isinstance(params, dict) else None
     return value if isinstance(value, str) else ""
