@@ -22,6 +22,7 @@ from inference.batcher import Pending
 from inference.config import parse_config_text
 from inference.efficiency import EfficiencySettings
 from inference.errors import BackendError, InferenceError, ModelNotReady, NotFound
+from inference.limits import MODEL_NAME_MAX_LENGTH, MODEL_VERSION_MAX_LENGTH
 from inference.repository import GatewayOptions, ModelRepository, ModelVersion, select_versions
 
 DEMO = Path(__file__).resolve().parents[2] / "inference" / "demo_repository"
@@ -317,6 +318,35 @@ def test_a_stray_unicode_digit_directory_does_not_stop_the_repository(
     write_model(root, "other")
     repo = make_repo()
     assert repo.version("other", None).ready
+
+
+def test_a_model_name_longer_than_the_ledger_column_is_not_ready_naming_the_limit(
+    root: Path, make_repo: RepoFactory
+) -> None:
+    # The ledger stores each request's model name; a longer one would be refused by PostgreSQL at every drain.
+    long_name = "m" * (MODEL_NAME_MAX_LENGTH + 1)
+    write_model(root, long_name)
+    write_model(root, "other")
+    repo = make_repo()
+    entry = repo.entry(long_name)
+    assert not entry.ready_versions
+    assert f"at most {MODEL_NAME_MAX_LENGTH} characters" in entry.reason
+    assert repo.version("other", None).ready
+
+
+def test_a_version_number_longer_than_the_ledger_column_is_not_served(
+    root: Path, make_repo: RepoFactory
+) -> None:
+    huge = "9" * (MODEL_VERSION_MAX_LENGTH + 1)
+    write_model(
+        root,
+        "m",
+        config=_config("m", "version_policy: { all { } }"),
+        versions={"1": DOUBLE_PY, huge: DOUBLE_PY},
+    )
+    repo = make_repo()
+    assert _versions(repo, "m") == ["1"]
+    assert repo.version("m", None).ready
 
 
 # ---------------------------------------------------------------------------------------------
