@@ -30,6 +30,7 @@ from inference.batcher import (
 from inference.config import ConfigError, ModelSpec, config_json_bytes, load_config, parameter_number
 from inference.efficiency import EfficiencySettings
 from inference.errors import BackendError, InferenceError, ModelNotReady, NotFound
+from inference.limits import MODEL_NAME_MAX_LENGTH, MODEL_VERSION_MAX_LENGTH
 from inference.stats import ModelStats
 from inference.variants import (
     MAX_LABEL,
@@ -313,6 +314,14 @@ class ModelRepository:
             log.info("model %s: %s", entry.name, state)
 
     def _load_model(self, model_dir: Path) -> ModelEntry:
+        if len(model_dir.name) > MODEL_NAME_MAX_LENGTH:
+            # The ledger stores the name with every request: a wider one would be refused at every drain.
+            return ModelEntry(
+                model_dir.name,
+                None,
+                f"the model name must be at most {MODEL_NAME_MAX_LENGTH} characters (the ledger's column), "
+                f"got {len(model_dir.name)}",
+            )
         try:
             spec = load_config(model_dir)
             batch_policy(spec, self.options.adaptive_delay)  # validates model-level parameters
@@ -323,8 +332,14 @@ class ModelRepository:
             log.exception("model %s: unexpected error reading its config", model_dir.name)
             return ModelEntry(model_dir.name, None, f"{type(exc).__name__}: {exc}")
         entry = ModelEntry(spec.name, spec)
+        # A version number wider than the ledger's column is not a version we can record: skipped, as any
+        # other directory that is not a version.
         available = [
-            int(p.name) for p in model_dir.iterdir() if p.is_dir() and _VERSION_DIR.fullmatch(p.name)
+            int(p.name)
+            for p in model_dir.iterdir()
+            if p.is_dir()
+            and _VERSION_DIR.fullmatch(p.name)
+            and len(str(int(p.name))) <= MODEL_VERSION_MAX_LENGTH
         ]
         chosen = select_versions(spec, available)
         if not chosen:
