@@ -93,6 +93,20 @@ class DynamicBatchingSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class InstancePlacement:
+    """Where one model instance runs: ``kind`` as in ``instance_group`` (KIND_CPU, KIND_GPU, KIND_AUTO,
+    KIND_MODEL) and, for KIND_GPU, the CUDA device index."""
+
+    kind: str
+    gpu: int | None = None
+
+    @property
+    def device(self) -> str:
+        """``cpu`` or ``cuda:N``, as PyTorch names devices."""
+        return "cpu" if self.gpu is None else f"cuda:{self.gpu}"
+
+
+@dataclass(frozen=True, slots=True)
 class ModelSpec:
     """What the gateway needs of one model's config, plus Triton's JSON form of it."""
 
@@ -107,6 +121,8 @@ class ModelSpec:
     version_policy: dict[str, Any]
     parameters: dict[str, str]
     config_dict: dict[str, Any] = field(repr=False)
+    # One entry per model instance, in instance order (len == instance_count).
+    instances: tuple[InstancePlacement, ...] = ()
 
     @property
     def batching(self) -> bool:
@@ -190,7 +206,27 @@ def default_model_filename(platform: str, backend: str) -> str:
         return "model.py"
     if platform == "onnxruntime_onnx" or backend == "onnxruntime":
         return "model.onnx"
+    if platform == "pytorch_libtorch" or backend == "pytorch":
+        return "model.pt"
     return ""
+
+
+def _placements(cfg: Any, path: Path) -> tuple[InstancePlacement, ...]:
+    """Triton's placement: a KIND_GPU group puts ``count`` instances on EACH of its ``gpus``; without ``gpus``
+    (Triton: every visible GPU) this framework-free core cannot see the devices, so it takes GPU 0."""
+    out: list[InstancePlacement] = []
+    for group in cfg.instance_group:
+        kind = model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
+        gpus = [int(g) for g in group.gpus]
+        if any(g < 0 for g in gpus):
+            raise ConfigError(f"{path}: instance_group '{group.name}' lists a negative GPU id {gpus}")
+        if gpus and kind != "KIND_GPU":
+            raise ConfigError(f"{path}: instance_group '{group.name}' is {kind} but lists gpus {gpus}")
+        if kind == "KIND_GPU":
+            out += [InstancePlacement(kind, gpu) for gpu in (gpus or [0]) for _ in range(group.count)]
+        else:
+            out += [InstancePlacement(kind) for _ in range(group.count)]
+    return tuple(out)
 
 
 def parse_config_text(text: str, path: Path, dir_name: str) -> ModelSpec:
@@ -212,6 +248,8 @@ def parse_config_text(text: str, path: Path, dir_name: str) -> ModelSpec:
         raise ConfigError(f"{path}: the model declares no output")
     if cfg.platform == "onnxruntime_onnx" and not cfg.backend:
         cfg.backend = "onnxruntime"
+    if cfg.platform == "pytorch_libtorch" and not cfg.backend:
+        cfg.backend = "pytorch"
     if not cfg.backend and not cfg.platform:
         raise ConfigError(f"{path}: neither 'backend' nor 'platform' is set")
 
@@ -262,6 +300,7 @@ def parse_config_text(text: str, path: Path, dir_name: str) -> ModelSpec:
 
     inputs = tuple(_tensor(t, "input", path) for t in cfg.input)
     outputs = tuple(_tensor(t, "output", path) for t in cfg.output)
+    placements = _placements(cfg, path)
     params = {k: v.string_value for k, v in cfg.parameters.items()}
     as_dict = json_format.MessageToDict(
         cfg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
@@ -276,10 +315,11 @@ def parse_config_text(text: str, path: Path, dir_name: str) -> ModelSpec:
         inputs=inputs,
         outputs=outputs,
         dynamic_batching=batching,
-        instance_count=sum(int(g.count) for g in cfg.instance_group),
+        instance_count=len(placements),
         version_policy=vp,
         parameters=params,
         config_dict=as_dict,
+        instances=placements,
     )
 
 

@@ -18,7 +18,13 @@ BACKENDS: dict[str, str] = {
     "python": "inference.backends.python_model.PythonBackend",
     "onnxruntime": "inference.backends.onnx.OnnxBackend",
     "triton": "inference.backends.triton_remote.TritonRemoteBackend",
+    "pytorch": "inference.backends.pytorch.PyTorchBackend",
 }
+
+
+class RuntimeMissing(RuntimeError):
+    """What a model needs is not on this host: a library (PyTorch), an execution provider or a device (CUDA).
+    Raised while loading, so the model is not ready with the message as its reason and the others load."""
 
 
 class Backend(Protocol):
@@ -47,6 +53,8 @@ def backend_name(spec: ModelSpec) -> str:
         return "python"
     if spec.backend == "onnxruntime" or spec.platform == "onnxruntime_onnx":
         return "onnxruntime"
+    if spec.backend == "pytorch" or spec.platform == "pytorch_libtorch":
+        return "pytorch"
     raise ValueError(
         f"model '{spec.name}': no backend for backend={spec.backend!r} platform={spec.platform!r} "
         f"(known: {', '.join(sorted(BACKENDS))})"
