@@ -13,9 +13,8 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 install: $(STAMP)
 
+# scripts/run.sh: `manage.py setup --demo`, then a worker, the beat and `serve --role all` (docs/operations.md).
 run: $(STAMP)
-	$(VENV)/bin/python manage.py migrate --noinput
-	$(VENV)/bin/python manage.py bootstrap_demo
 	./scripts/run.sh
 
 lint: $(STAMP)

@@ -290,6 +290,9 @@ def gateway_env(var: Path, models: Path, **extra: str) -> dict[str, str]:
     repository, without what would make it share state with another (:data:`SCRUBBED_ENV`)."""
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
     env.update(CARBONLEDGER_VAR_DIR=str(var), MODEL_REPOSITORY=str(models), PYTHONUNBUFFERED="1")
+    env["CARBONLEDGER_GRPC_PORT"] = (
+        "0"  # no gRPC unless asked for (extra): gateways side by side would collide
+    )
     env.update(extra)
     return env
 

@@ -2,8 +2,9 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python bench/compare_triton.py            # full run: about 4 minutes on a quiet machine, under 10
-    .venv/bin/python bench/compare_triton.py --quick    # smoke run, about 1 minute
+    .venv/bin/python bench/compare_triton.py            # full run: about 4 minutes a protocol on a quiet machine
+    .venv/bin/python bench/compare_triton.py --quick    # smoke run, about 1 minute a protocol
+    .venv/bin/python bench/compare_triton.py --protocols grpc   # one protocol only (http or grpc)
 
 What it does, in this order:
 
@@ -14,8 +15,9 @@ What it does, in this order:
    organization and an API key, and starts the real Triton (on the reference's ``models``)
    and our gateway (``manage.py serve``) on free loopback ports, both at once, and waits until both are ready;
 3. checks that both servers answer the same ``y = x @ W + b`` as a numpy reference (JSON protocol);
-4. drives each server with Triton's own C++ load generator, perf_analyzer (closed loop, HTTP, binary
-   tensors, batch 1 per request), on every model and concurrency, alternating which server goes first
+4. drives each server with Triton's own C++ load generator, perf_analyzer (closed loop, binary tensors,
+   batch 1 per request), over HTTP and over gRPC (``-i grpc``: Triton's gRPC port and ours,
+   ``CARBONLEDGER_GRPC_PORT``; ``--protocols``), on every model and concurrency, alternating which server goes first
    from one configuration to the next (ABBA) so slow drift of the shared machine hits both alike.
    perf_analyzer validates every response byte for byte against ``validation_data`` (one-hot inputs,
    whose outputs are exact in float32 whatever the batch), so a wrong or mixed-up row is an error;
@@ -93,6 +95,7 @@ DEMO_LINEAR = REPO / "inference" / "demo_repository" / "linear"
 SERVERS = ("triton", "ours")
 DEFAULT_MODELS = ("linear", "linear_nobatch")
 DEFAULT_CONCURRENCY = (1, 8, 32)
+PROTOCOLS = ("http", "grpc")
 
 
 # -- set-up -----------------------------------------------------------------------------------------------
@@ -241,6 +244,57 @@ def check_answers(servers: list[Server], headers: dict[str, str], models: list[s
     return out
 
 
+def check_grpc_answers(
+    grpc_ports: dict[str, int], headers: dict[str, str], models: list[str]
+) -> dict[str, Any]:
+    """The same check over gRPC (tritonclient.grpc, raw tensors), each server on its gRPC port."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    w, b = reference_weights()
+    x = np.random.default_rng(2).standard_normal((3, 256), dtype=np.float32)
+    ref = x.astype(np.float64) @ w.astype(np.float64) + b
+    out: dict[str, Any] = {}
+    for name, port in grpc_ports.items():
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as client:
+            for model in models:
+                tensor = grpcclient.InferInput("x", [3, 256], "FP32")
+                tensor.set_data_from_numpy(x)
+                try:
+                    y = client.infer(model, [tensor], headers=grpc_metadata(name, headers)).as_numpy("y")
+                except Exception as exc:
+                    raise SetupError(f"{name} refused a gRPC infer on {model}: {exc}") from None
+                err = float(np.max(np.abs(y - ref)))
+                if err > 1e-3:
+                    raise SetupError(
+                        f"{name} computes a different {model} over gRPC: max |y - reference| = {err:g}"
+                    )
+                out[f"{name}/{model}/grpc_max_abs_err_vs_numpy"] = err
+    return out
+
+
+def grpc_metadata(server: str, headers: dict[str, str]) -> dict[str, str]:
+    """gRPC metadata keys are lower-case: perf_analyzer's gRPC client aborts on ``Authorization``."""
+    return {k.lower(): v for k, v in headers.items()} if server == "ours" else {}
+
+
+def wait_grpc_ready(name: str, port: int, timeout_s: float = 30.0) -> None:
+    """Until ServerReady over gRPC says ready (no key needed, as for /v2/health/ready)."""
+    import tritonclient.grpc as grpcclient
+
+    deadline = time.monotonic() + timeout_s
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as client:
+        while True:
+            try:
+                if client.is_server_ready(client_timeout=2.0):
+                    return
+            except Exception:
+                pass
+            if time.monotonic() > deadline:
+                raise SetupError(f"{name} is not ready over gRPC on 127.0.0.1:{port} after {timeout_s:.0f} s")
+            time.sleep(0.25)
+
+
 # -- perf_analyzer ----------------------------------------------------------------------------------------
 
 _PASS_RE = re.compile(r"Pass \[(\d+)\] throughput: ([\d.]+) infer/sec\. (.*)")
@@ -312,6 +366,7 @@ class Bench:
     servers: list[Server] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     remaining: int = 0
+    grpc_ports: dict[str, int] = field(default_factory=dict)  # server name -> its gRPC port
     headers: dict[str, str] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
 
@@ -335,15 +390,18 @@ class Bench:
         self.events.append(event)
         return None
 
-    def perf_analyzer(self, server: Server, model: str, concurrency: int, attempt: int) -> dict[str, Any]:
+    def perf_analyzer(
+        self, server: Server, model: str, concurrency: int, attempt: int, protocol: str = "http"
+    ) -> dict[str, Any]:
         a = self.args
-        tag = f"{server.name}-{model}-c{concurrency}-a{attempt}"
+        tag = f"{server.name}-{protocol}-{model}-c{concurrency}-a{attempt}"
+        port = server.port if protocol == "http" else self.grpc_ports[server.name]
         csv_path = self.work / f"{tag}.csv"
         argv = [
             str(self.triton_dir / "perf_analyzer"),
             "-m", model,
-            "-u", f"127.0.0.1:{server.port}",
-            "-i", "http",
+            "-u", f"127.0.0.1:{port}",
+            "-i", protocol,
             "-b", "1",
             "--concurrency-range", f"{concurrency}:{concurrency}",
             "--measurement-interval", str(a.measurement_interval),
@@ -356,7 +414,7 @@ class Bench:
         if a.stability_percentile:
             argv.append(f"--percentile={a.stability_percentile}")
         if server.name == "ours":
-            argv += ["-H", f"Authorization: Bearer {self.key}"]
+            argv += ["-H", f"{'Authorization' if protocol == 'http' else 'authorization'}: Bearer {self.key}"]
         env = dict(os.environ, LD_LIBRARY_PATH=str(self.triton_dir / "pa_libs"))
         limit = (a.max_trials + 2) * a.measurement_interval / 1000.0 + 30.0
         busy0, total0 = machine_busy_ticks()
@@ -384,6 +442,7 @@ class Bench:
         cores = os.cpu_count() or 1
         res.update(
             server=server.name,
+            protocol=protocol,
             model=model,
             concurrency=concurrency,
             attempt=attempt,
@@ -440,7 +499,7 @@ class Bench:
             if busy <= a.disturbed_cores or waited >= limit:
                 return {"machine_busy_cores_before": round(busy, 3), "waited_for_quiet_s": round(waited, 1)}
 
-    def measure(self, server: Server, model: str, concurrency: int) -> dict[str, Any]:
+    def measure(self, server: Server, model: str, concurrency: int, protocol: str = "http") -> dict[str, Any]:
         """Measure one configuration; re-run it (within the budget) if it did not stabilize or if other
         processes took more than --disturbed-cores of CPU meanwhile. Returns the attempt kept."""
         a = self.args
@@ -448,7 +507,7 @@ class Bench:
         while True:
             down = self.ensure_alive(server)
             if down is not None:
-                res = {"server": server.name, "model": model, "concurrency": concurrency,
+                res = {"server": server.name, "protocol": protocol, "model": model, "concurrency": concurrency,
                        "attempt": len(attempts) + 1, "errors": [down], "stable": False, "passes": [],
                        "other_cpu_cores": 0.0, "disturbed": False, "wall_s": 0.0}  # fmt: skip
                 attempts.append(res)
@@ -459,7 +518,7 @@ class Bench:
                 log(
                     f"  machine busy ({quiet['machine_busy_cores_before']:.2f} cores used by others); measuring anyway"
                 )
-            res = self.perf_analyzer(server, model, concurrency, len(attempts) + 1)
+            res = self.perf_analyzer(server, model, concurrency, len(attempts) + 1, protocol)
             res.update(quiet)
             res["disturbed"] = res["other_cpu_cores"] > a.disturbed_cores
             res["final"] = False
@@ -476,7 +535,7 @@ class Bench:
                 why = "did not stabilize"
             else:
                 why = f"was disturbed ({res['other_cpu_cores']:.2f} cores used by others)"
-            log(f"  {server.name} {model} c={concurrency} {why}; running it again")
+            log(f"  {server.name} {protocol} {model} c={concurrency} {why}; running it again")
         self.remaining -= 1
         # Keep the best attempt: without errors, stable, least disturbed (an attempt whose only fault was
         # that its server died is superseded by a later good one; any other error is kept and reported).
@@ -493,7 +552,7 @@ class Bench:
         flag += f" (disturbed: others used {best['other_cpu_cores']:.2f} cores)" if best["disturbed"] else ""
         errs = f" ERRORS: {best['errors']}" if best["errors"] else ""
         log(
-            f"  {server.name:6s} {model} c={concurrency}: {what}{flag}{errs} [attempt {best['attempt']}, {best['wall_s']:.0f} s]"
+            f"  {server.name:6s} {protocol:4s} {model} c={concurrency}: {what}{flag}{errs} [attempt {best['attempt']}, {best['wall_s']:.0f} s]"
         )
         return best
 
@@ -506,42 +565,44 @@ def _fmt(v: float | None, digits: int = 1) -> str:
 
 
 def summarize(
-    runs: list[dict[str, Any]], models: list[str], concurrencies: list[int]
+    runs: list[dict[str, Any]],
+    models: list[str],
+    concurrencies: list[int],
+    protocols: tuple[str, ...] | list[str] = ("http",),
 ) -> list[dict[str, Any]]:
-    final: dict[tuple[str, str, int], dict[str, Any]] = {}
+    final: dict[tuple[str, str, str, int], dict[str, Any]] = {}
     for r in runs:
         if r.get("final"):
-            final[(r["server"], r["model"], r["concurrency"])] = r
+            final[(r["server"], r.get("protocol", "http"), r["model"], r["concurrency"])] = r
     rows = []
-    for model in models:
-        for c in concurrencies:
-            t = final.get(("triton", model, c), {})
-            o = final.get(("ours", model, c), {})
-            row: dict[str, Any] = {"model": model, "concurrency": c}
-            for name, r in (("triton", t), ("ours", o)):
-                for k in ("throughput", "p50_ms", "p99_ms", "avg_batch_size"):
-                    row[f"{name}_{k}"] = r.get(k)
-                row[f"{name}_stable"] = r.get("stable", False)
-                row[f"{name}_errors"] = r.get("errors", ["not measured"])
-                row[f"{name}_disturbed"] = r.get("disturbed", False)
-                row[f"{name}_other_cpu_cores"] = r.get("other_cpu_cores")
-                row[f"{name}_server_cpu_cores"] = r.get("server_cpu_cores", {}).get(name)
-            tt, ot = row["triton_throughput"], row["ours_throughput"]
-            tp, op = row["triton_p99_ms"], row["ours_p99_ms"]
-            row["throughput_ratio"] = ot / tt if tt and ot else None
-            row["p99_ratio"] = op / tp if tp and op else None
-            rows.append(row)
+    for protocol, model, c in ((p, m, c) for p in protocols for m in models for c in concurrencies):
+        t = final.get(("triton", protocol, model, c), {})
+        o = final.get(("ours", protocol, model, c), {})
+        row: dict[str, Any] = {"protocol": protocol, "model": model, "concurrency": c}
+        for name, r in (("triton", t), ("ours", o)):
+            for k in ("throughput", "p50_ms", "p99_ms", "avg_batch_size"):
+                row[f"{name}_{k}"] = r.get(k)
+            row[f"{name}_stable"] = r.get("stable", False)
+            row[f"{name}_errors"] = r.get("errors", ["not measured"])
+            row[f"{name}_disturbed"] = r.get("disturbed", False)
+            row[f"{name}_other_cpu_cores"] = r.get("other_cpu_cores")
+            row[f"{name}_server_cpu_cores"] = r.get("server_cpu_cores", {}).get(name)
+        tt, ot = row["triton_throughput"], row["ours_throughput"]
+        tp, op = row["triton_p99_ms"], row["ours_p99_ms"]
+        row["throughput_ratio"] = ot / tt if tt and ot else None
+        row["p99_ratio"] = op / tp if tp and op else None
+        rows.append(row)
     return rows
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     out = [
-        "| model | concurrency | Triton infer/s | Triton p50 ms | Triton p99 ms "
+        "| protocol | model | concurrency | Triton infer/s | Triton p50 ms | Triton p99 ms "
         "| ours infer/s | ours p50 ms | ours p99 ms | throughput ours/Triton | p99 ours/Triton |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        cells = [r["model"], str(r["concurrency"])]
+        cells = [r.get("protocol", "http"), r["model"], str(r["concurrency"])]
         for name in SERVERS:
             mark = "" if r[f"{name}_stable"] else " (unstable)"
             if r[f"{name}_disturbed"]:
@@ -568,6 +629,7 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if r["concurrency"] in (8, 32):
             checks.append(
                 {
+                    "protocol": r.get("protocol", "http"),
                     "model": r["model"],
                     "concurrency": r["concurrency"],
                     "throughput_at_least_triton": None
@@ -577,7 +639,12 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 }
             )
     aim = next(
-        (r["throughput_ratio"] for r in rows if r["model"] == "linear" and r["concurrency"] == 32), None
+        (
+            r["throughput_ratio"]
+            for r in rows
+            if r.get("protocol", "http") == "http" and r["model"] == "linear" and r["concurrency"] == 32
+        ),
+        None,
     )
     return {"checks": checks, "architecture_aim_linear_c32_ratio": 1.8, "linear_c32_ratio": aim}
 
@@ -598,6 +665,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--models", default=",".join(DEFAULT_MODELS), help="comma list (default linear,linear_nobatch)"
+    )
+    p.add_argument(
+        "--protocols",
+        default=",".join(PROTOCOLS),
+        help="comma list of http, grpc (default: both, in one run)",
     )
     p.add_argument(
         "--measurement-interval", type=int, default=None, help="ms per window (default 5000; quick 1000)"
@@ -631,7 +703,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="max seconds to wait for a quiet machine before each run (20)",
     )
     p.add_argument(
-        "--time-budget", type=float, default=540.0, help="seconds; no re-runs past it (default 540)"
+        "--time-budget",
+        type=float,
+        default=None,
+        help="seconds; no re-runs past it (default 540 a protocol)",
     )
     p.add_argument(
         "--ours-env",
@@ -660,6 +735,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--ours-env wants NAME=VALUE, got {item!r}")
         args.ours_env_map[name] = value
     args.model_list = [m.strip() for m in args.models.split(",") if m.strip()]
+    args.protocol_list = [x.strip() for x in args.protocols.split(",") if x.strip()]
+    if not args.protocol_list or set(args.protocol_list) - set(PROTOCOLS):
+        p.error(f"--protocols: choose among {', '.join(PROTOCOLS)}")
+    args.time_budget = args.time_budget or 540.0 * len(args.protocol_list)
     unknown = set(args.model_list) - set(DEFAULT_MODELS)
     if unknown or not args.model_list:
         p.error(f"--models: choose among {', '.join(DEFAULT_MODELS)}")
@@ -690,6 +769,10 @@ def run(args: argparse.Namespace) -> int:
         o_port = free_port_block(1)
         while t_port <= o_port < t_port + 3:
             o_port = free_port_block(1)
+        o_grpc = free_port_block(1)
+        while t_port <= o_grpc < t_port + 3 or o_grpc == o_port:
+            o_grpc = free_port_block(1)
+        env["CARBONLEDGER_GRPC_PORT"] = str(o_grpc)  # Triton's gRPC port is its HTTP port + 1
         tenv = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
         # start_triton.sh copies the python backend into DIR/backends with cp, which rewrites the files
         # in place: a second start from the same DIR (the test suite's tests/support/triton.py also uses
@@ -721,6 +804,11 @@ def run(args: argparse.Namespace) -> int:
         meta["triton_version"] = triton.version
         meta["ours_version"] = ours.version
         meta["answers"] = check_answers(servers, headers, args.model_list)
+        grpc_ports = {"triton": t_port + 1, "ours": o_grpc}
+        if "grpc" in args.protocol_list:
+            for name, port in grpc_ports.items():
+                wait_grpc_ready(name, port)
+            meta["answers"].update(check_grpc_answers(grpc_ports, headers, args.model_list))
         log(f"answers agree with numpy: {meta['answers']}")
         # CPU the servers burn while idle (Triton's python backend polls).
         idle0 = {s.name: group_cpu_seconds(s.pgid) for s in servers}
@@ -739,15 +827,17 @@ def run(args: argparse.Namespace) -> int:
             args.time_budget,
             servers=servers,
             headers=headers,
+            grpc_ports=grpc_ports,
         )
-        bench.remaining = 2 * len(args.model_list) * len(args.concurrency_list)
+        bench.remaining = 2 * len(args.protocol_list) * len(args.model_list) * len(args.concurrency_list)
         i = 0
-        for model in args.model_list:
-            for c in args.concurrency_list:
-                order = [triton, ours] if i % 2 == 0 else [ours, triton]
-                i += 1
-                for s in order:
-                    bench.measure(s, model, c)
+        for protocol in args.protocol_list:
+            for model in args.model_list:
+                for c in args.concurrency_list:
+                    order = [triton, ours] if i % 2 == 0 else [ours, triton]
+                    i += 1
+                    for s in order:
+                        bench.measure(s, model, c, protocol)
     except BaseException:
         # Set-up failure, Ctrl-C, SIGTERM: the servers are stopped below; say where the logs are.
         print(f"compare_triton: logs and perf_analyzer output kept in {work}", file=sys.stderr)
@@ -760,7 +850,7 @@ def run(args: argparse.Namespace) -> int:
     meta["events"] = bench.events
     meta["wall_s"] = round(time.monotonic() - started, 1)
 
-    rows = summarize(bench.runs, args.model_list, args.concurrency_list)
+    rows = summarize(bench.runs, args.model_list, args.concurrency_list, args.protocol_list)
     table = markdown_table(rows)
     doc: dict[str, Any] = {
         "meta": meta,
@@ -768,6 +858,7 @@ def run(args: argparse.Namespace) -> int:
             "quick": args.quick,
             "ours_extra_env": args.ours_env_map,
             "models": args.model_list,
+            "protocols": args.protocol_list,
             "concurrency": args.concurrency_list,
             "measurement_interval_ms": args.measurement_interval,
             "max_trials": args.max_trials,
@@ -801,7 +892,8 @@ def run(args: argparse.Namespace) -> int:
     tgt = doc["targets"]
     for chk in tgt["checks"]:
         print(
-            f"- {chk['model']} c={chk['concurrency']}: throughput >= Triton: {chk['throughput_at_least_triton']}, "
+            f"- {chk['protocol']} {chk['model']} c={chk['concurrency']}: "
+            f"throughput >= Triton: {chk['throughput_at_least_triton']}, "
             f"p99 <= Triton: {chk['p99_at_most_triton']}"
         )
     if tgt["linear_c32_ratio"] is not None:

@@ -1,8 +1,12 @@
 """ASGI entry point: a path router in front of two apps.
 
-``/v2/...`` and ``/metrics`` go to the lean inference gateway; everything else to Django.
+``/v2/...``, ``/metrics`` and ``/readyz`` go to the lean inference gateway; everything else to Django.
 The router answers the ASGI lifespan itself (Django's handler rejects lifespan events) and
 uses it to start and stop the gateway's batchers.
+
+A process has a role (docs/operations.md): ``all`` serves both apps (the one-box default), ``gateway`` the
+gateway's paths only, ``web`` Django's only, without building the gateway (no models, meters, spool or
+ledger writer in that process). A path of the other role is a 404 that names this process's role.
 """
 
 from __future__ import annotations
@@ -18,14 +22,18 @@ from django.conf import settings
 from django.core.asgi import get_asgi_application
 from django.http.request import split_domain_port, validate_host
 
-django_app = get_asgi_application()
+from inference.meters.serving_cpu import SERVING_CPU
+
+# Django's work on the event loop is timed and left out of the serving CPU time the modelled meter books on the
+# inference device (inference/meters/serving_cpu.py): the dashboard and the API are not inference.
+django_app = SERVING_CPU.web_app(get_asgi_application())
 
 from carbonledger.gateway_app import build_gateway  # noqa: E402
 from inference.gateway import DirectInfer, Gateway  # noqa: E402
 
 # Probes call these by address (a pod's IP, localhost), and Prometheus scrapes /metrics the same way: they are
 # answered whatever the Host header says. Every other /v2 path checks it against ALLOWED_HOSTS, as Django does.
-_ANY_HOST = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics"})
+_ANY_HOST = frozenset({"/v2/health/live", "/v2/health/ready", "/readyz", "/metrics"})
 
 
 def _allowed_host(host: bytes | None) -> bool:
@@ -65,12 +73,30 @@ def _host_header(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     return None
 
 
+ROLES = ("all", "gateway", "web")
+
+
+def _gateway_path(path: str) -> bool:
+    return path.startswith("/v2") or path in ("/metrics", "/readyz")
+
+
 class Router:
     """The gateway is built on first use (the lifespan start-up), not at import: building it
     opens the spool and detects meters, which a module import must not do."""
 
-    def __init__(self) -> None:
+    def __init__(self, role: str = "all") -> None:
         self._gateway: Gateway | None = None
+        self.role = role
+
+    @property
+    def role(self) -> str:
+        return self._role
+
+    @role.setter
+    def role(self, role: str) -> None:
+        if role not in ROLES:
+            raise ValueError(f"the role must be one of {', '.join(ROLES)}, got {role!r}")
+        self._role = role
 
     @property
     def gateway(self) -> Gateway:
@@ -93,18 +119,56 @@ class Router:
         kind = scope["type"]
         if kind == "http":
             path = scope["path"]
-            if path.startswith("/v2") or path == "/metrics":
+            if _gateway_path(path):
+                if self._role == "web":
+                    await _not_served(send, path, self._role)
+                    return
                 host = _host_header(scope.get("headers", ()))
                 if path not in _ANY_HOST and not _allowed_host(host):
                     await _bad_host(send, host)
                     return
                 await self.gateway(scope, receive, send)
+            elif self._role == "gateway":
+                await _not_served(send, path, self._role)
             else:
                 await django_app(scope, receive, send)
         elif kind == "lifespan":
-            await self.gateway.lifespan(receive, send)
-        else:
+            if self._role == "web":
+                await _bare_lifespan(receive, send)
+            else:
+                await self.gateway.lifespan(receive, send)
+        elif self._role != "gateway":
             await django_app(scope, receive, send)
+
+
+async def _bare_lifespan(receive: Any, send: Any) -> None:
+    """The lifespan of a process without the gateway: nothing to start or stop."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _not_served(send: Any, path: str, role: str) -> None:
+    served = "/v2, /metrics and /readyz" if role == "gateway" else "the dashboard and the API"
+    elsewhere = "a web or all" if role == "gateway" else "a gateway or all"
+    body = json.dumps(
+        {
+            "error": f"{path[:200]!r} is not served here: this process has the role {role} ({served} only);"
+            f" {elsewhere} process serves it"
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 404,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _bad_host(send: Any, host: bytes | None) -> None:
@@ -120,4 +184,4 @@ async def _bad_host(send: Any, host: bytes | None) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-application = Router()
+application = Router(settings.SERVER_ROLE)

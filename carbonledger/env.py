@@ -9,11 +9,13 @@ import contextlib
 import ipaddress
 import os
 import secrets
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from inference.meters.host import check_host_id
 from inference.values import parse_bool
 
 
@@ -90,9 +92,30 @@ def database_from_url(name: str, default: str, environ: Mapping[str, str] = os.e
     if scheme not in {"sqlite", "postgres", "postgresql", "pgsql"}:
         raise ImproperlyConfigured(f"{name} must be a sqlite:// or postgres:// URL, got scheme {scheme!r}")
     try:
-        config: dict[str, object] = dict(dj_database_url.parse(url, conn_max_age=60))
+        # No persistent connections: under ASGI every request runs on a thread of its own, and a connection
+        # kept past its request outlives that thread, so a busy server piled them up to PostgreSQL's limit
+        # (Django's docs: persistent connections must be off under ASGI). The pool below is the bounded reuse.
+        config: dict[str, object] = dict(dj_database_url.parse(url, conn_max_age=0))
     except Exception as exc:
         raise ImproperlyConfigured(f"{name} is not a valid database URL: {exc}") from None
+    if config["ENGINE"] == "django.db.backends.postgresql":
+        given = config.get("OPTIONS")
+        options: dict[str, object] = dict(given) if isinstance(given, dict) else {}
+        options.setdefault("application_name", process_label())  # pg_stat_activity says who holds what
+        pool_max = env_int("CARBONLEDGER_DB_POOL_MAX_SIZE", 0, minimum=0, maximum=1000, environ=environ)
+        if pool_max:
+            # Django's psycopg pool: at most pool_max connections in this process, whatever its threads do; a
+            # thread that finds them all taken waits up to the timeout. None open before the first use.
+            options["pool"] = {
+                "min_size": 0,
+                "max_size": pool_max,
+                "timeout": env_float(
+                    "CARBONLEDGER_DB_POOL_TIMEOUT_S", 30.0, minimum=0.1, maximum=600.0, environ=environ
+                ),
+            }
+            # A pooled connection the server dropped is replaced, not handed out.
+            config["CONN_HEALTH_CHECKS"] = True
+        config["OPTIONS"] = options
     if config["ENGINE"] == "django.db.backends.sqlite3":
         # WAL lets the gateway's writer and the dashboard read at the same time; the busy
         # timeout makes a concurrent writer wait instead of failing with "database is locked".
@@ -103,6 +126,20 @@ def database_from_url(name: str, default: str, environ: Mapping[str, str] = os.e
         }
         config["CONN_MAX_AGE"] = 0
     return config
+
+
+def process_label(argv: list[str] | None = None) -> str:
+    """``carbonledger <command>``: the manage.py command (serve, drain_ledger, setup, beat) or Celery's
+    sub-command (worker, beat) this process runs, as PostgreSQL shows it in pg_stat_activity.application_name."""
+    argv = sys.argv if argv is None else argv
+    program = Path(argv[0]).name if argv else ""
+    command = ""
+    if program.endswith("manage.py"):
+        command = next((a for a in argv[1:] if not a.startswith("-")), "")
+    elif argv and "celery" in argv[0]:  # the celery script, or celery/__main__.py under python -m celery
+        command = "celery " + next((a for a in argv if a in {"worker", "beat", "call", "inspect"}), "")
+    label = f"carbonledger {command}".strip()
+    return "".join(c if c.isprintable() and c.isascii() else "?" for c in label)[:63]
 
 
 def env_list(name: str, environ: Mapping[str, str] = os.environ) -> list[str]:
@@ -131,6 +168,17 @@ def env_networks(name: str, environ: Mapping[str, str] = os.environ) -> list[str
         except ValueError:
             raise ImproperlyConfigured(f"{name}: {item!r} is not an IP address or network") from None
     return networks
+
+
+def env_host_id(name: str, environ: Mapping[str, str] = os.environ) -> str:
+    """A host id for device ids (inference/meters/host.py); empty when unset (then detected at start-up)."""
+    raw = environ.get(name, "").strip()
+    if raw:
+        try:
+            check_host_id(raw)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{name}: {exc}") from None
+    return raw
 
 
 def env_proxy_header(name: str, environ: Mapping[str, str] = os.environ) -> tuple[str, str] | None:

@@ -10,6 +10,7 @@ from carbonledger.env import (
     env_bool,
     env_choice,
     env_float,
+    env_host_id,
     env_int,
     env_networks,
     env_origins,
@@ -105,6 +106,9 @@ TEMPLATES = [
     }
 ]
 ASGI_APPLICATION = "carbonledger.asgi.application"
+# What a serving process serves (docs/operations.md): all (one box), gateway (/v2, /metrics) or web (dashboard,
+# API); `manage.py serve --role` overrides it.
+SERVER_ROLE = env_choice("CARBONLEDGER_ROLE", "all", ("all", "gateway", "web"))
 
 DATABASES = {"default": database_from_url("DATABASE_URL", f"sqlite:///{VAR_DIR / 'carbonledger.sqlite3'}")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -135,7 +139,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": (
         "Organizations, API keys, sites, devices, models, the hash-chained ledger, hourly rollups, emission "
         "factors and their imports, contractual instruments and GHG reports. Authenticate with "
-        "'Authorization: Bearer <API key>' (or a dashboard session). The inference API (KServe v2) is "
+        # A code span: the docs page reads the description as Markdown, where a bare <API key> is an HTML tag.
+        "`Authorization: Bearer <API key>` (or a dashboard session). The inference API (KServe v2) is "
         "under /v2 and documented by KServe."
     ),
     "VERSION": "1",
@@ -163,6 +168,9 @@ GATEWAY_BODY_TIMEOUT_S = env_float("GATEWAY_BODY_TIMEOUT_S", 60.0, minimum=0.1, 
 GATEWAY_MAX_HEADERS = env_int("GATEWAY_MAX_HEADERS", 100, minimum=8)
 GATEWAY_MAX_HEADER_BYTES = env_int("GATEWAY_MAX_HEADER_BYTES", 16384, minimum=1024)
 GATEWAY_MAX_CONNECTIONS = env_int("GATEWAY_MAX_CONNECTIONS", 1000, minimum=1)
+# KServe v2 over gRPC (inference/grpc_server.py), started with the gateway: Triton's port by default, 0 = off.
+GRPC_PORT = env_int("CARBONLEDGER_GRPC_PORT", 8001, minimum=0, maximum=65535)
+GRPC_HOST = env_str("CARBONLEDGER_GRPC_HOST", "") or env_str("HOST", "") or "127.0.0.1"
 
 # -- Celery: an embedded filesystem broker by default, Redis or RabbitMQ from the environment --
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
@@ -199,9 +207,20 @@ SPOOL_MAX_BYTES = env_int("SPOOL_MAX_BYTES", 1 << 30, minimum=1 << 16)
 LEDGER_WRITE_INTERVAL_S = env_float("LEDGER_WRITE_INTERVAL_S", 1.0, minimum=0.01)
 # How often the gateway counts the quarantined spool lines for /metrics (off the event loop; one indexed count).
 LEDGER_STATUS_INTERVAL_S = env_float("LEDGER_STATUS_INTERVAL_S", 15.0, minimum=0.1)
+# /readyz (docs/gateway.md): 503 once the oldest spooled record has waited this long for the database, or the spool
+# holds this fraction of SPOOL_MAX_BYTES; its database checks get READY_DB_TIMEOUT_S, its answer is kept READY_CACHE_S.
+READY_MAX_DRAIN_LAG_S = env_float("READY_MAX_DRAIN_LAG_S", 60.0, minimum=0.5)
+READY_SPOOL_MAX_FRACTION = env_float("READY_SPOOL_MAX_FRACTION", 0.8, minimum=0.01, maximum=1.0)
+READY_DB_TIMEOUT_S = env_float("READY_DB_TIMEOUT_S", 2.0, minimum=0.1, maximum=60.0)
+READY_CACHE_S = env_float("READY_CACHE_S", 1.0, minimum=0.0, maximum=60.0)
+# A Celery worker renews its heartbeat lease this often; it shows down in /metrics after three missed beats.
+WORKER_HEARTBEAT_INTERVAL_S = env_float("WORKER_HEARTBEAT_INTERVAL_S", 15.0, minimum=0.1, maximum=3600.0)
 # "process": a drain_ledger process of its own, started by the gateway (off the event loop's
 # GIL); "thread": inside the gateway process (tests that share the test database).
 LEDGER_WRITER = env_choice("LEDGER_WRITER", "process", ("process", "thread"))
+# A ledger chain (one per spool directory) is leased in the database by one live process, renewed every third of
+# this; a process that died holds it this long at most, and a second process on a copy of the spool is refused.
+LEDGER_CHAIN_LEASE_TTL_S = env_float("LEDGER_CHAIN_LEASE_TTL_S", 30.0, minimum=1.0, maximum=3600.0)
 # On PostgreSQL, a writer with a large backlog prepares the next chunks (parse, chain, COPY format) in a process
 # of its own instead of a helper thread (bench/ledger_ingest.py).
 LEDGER_PREPARE_PROCESS = env_bool("LEDGER_PREPARE_PROCESS", True)
@@ -212,6 +231,14 @@ METER_INTERVAL_S = env_float("METER_INTERVAL_S", 1.0, minimum=0.05)
 METER_TRITON_URL = env_str(
     "METER_TRITON_URL", ""
 )  # a remote Triton's metrics endpoint, e.g. http://host:8002/metrics
+# Linux powercap root the RAPL meter reads (a container may mount the host's /sys/class/powercap elsewhere).
+METER_RAPL_ROOT = Path(env_str("METER_RAPL_ROOT", "/sys/class/powercap"))
+# Names this host in device ids (RAPL packages, each gateway's modelled CPU): empty reads /etc/machine-id, else
+# the host name. In a container, name the node (Kubernetes: the downward API's spec.nodeName).
+HOST_ID = env_host_id("CARBONLEDGER_HOST_ID")
+# Each metered device is leased in the database by one gateway, renewed every third of this (docs/energy-and-
+# ledger.md); a gateway that died holds its devices this long at most.
+DEVICE_LEASE_TTL_S = env_float("DEVICE_LEASE_TTL_S", 30.0, minimum=1.0, maximum=3600.0)
 # Declared idle power of every metered device; empty: measured from intervals with no batch.
 DEVICE_IDLE_POWER_W = (
     env_float("DEVICE_IDLE_POWER_W", 0.0, minimum=0.0) if env_str("DEVICE_IDLE_POWER_W", "") else None
@@ -306,3 +333,16 @@ if INTENSITY_PROVIDERS:
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celery" / "beat-schedule")
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/dashboard/"
+# Password reset links go by e-mail through EMAIL_HOST when one is set; without one (the demo) the message is
+# written to the server's console, so an operator can pass the link on.
+EMAIL_HOST = env_str("EMAIL_HOST", "")
+EMAIL_BACKEND = (
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend"
+)
+EMAIL_PORT = env_int("EMAIL_PORT", 587, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", True)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "carbonledger@localhost")

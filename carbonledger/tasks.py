@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from carbonledger import worker_heartbeat  # noqa: F401  (connects the worker's heartbeat to its start and stop)
 from tenancy.models import Organization
 
 

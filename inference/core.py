@@ -1,8 +1,8 @@
 """The gateway's transport-neutral core: lifecycle, authentication and the infer path.
 
-Front ends (the HTTP/ASGI app in gateway.py, a gRPC one later) route a request, then call in here: the core
-returns results or raises an ``InferenceError`` (errors.py: each carries the status it maps to) and never
-builds a protocol's headers or messages, so every front end checks, counts and answers alike.
+Front ends (the HTTP/ASGI app in gateway.py, the gRPC service in grpc_server.py) route a request, then call
+in here: the core returns results or raises an ``InferenceError`` (errors.py: each carries the status it maps
+to) and never builds a protocol's headers or messages, so every front end checks, counts and answers alike.
 
 Threads: everything here runs on the event loop's thread except ``_deliver``, which the model instance
 threads call with each batch's results; it only schedules ``complete`` on the loop (one wake-up a batch),
@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from inference.batcher import BatchHook, Pending
+from inference.config import TensorSpec
 from inference.errors import Forbidden, InferenceError, InvalidInput, RequestTimeout, Unauthorized
 from inference.keys import KeyCache, KeyLookup, Principal, PrincipalResolver
 from inference.kserve import (
@@ -134,6 +135,10 @@ class InferenceCore:
 
     # -- authentication ----------------------------------------------------------------------
 
+    def key_store_errors(self) -> dict[str, int]:
+        """Failed key store lookups by what was done instead (``KeyCache.errors``); empty without keys."""
+        return dict(self._keys.errors) if self._keys is not None else {}
+
     def cached_principal(self, authorization: bytes | None) -> Principal | KeyLookup | None:
         """The principal for an ``Authorization`` value when the key cache answers; a ``KeyLookup`` when the
         key store must (``authenticate`` asks it); None when the gateway checks no keys.
@@ -182,9 +187,26 @@ class InferenceCore:
         reaches ``future``, or the call's ``on_done`` once the caller sets it (on the event loop, before the
         batch can complete).
         """
-        spec = mv.spec
         try:
             req = decode_request(body, parse_header_length(header_length, len(body)))
+        except InferenceError:
+            mv.stats.record_failure("OTHER", time.monotonic_ns() - received)
+            raise
+        return self.submit_request(mv, req, principal, received, future)
+
+    def submit_request(
+        self,
+        mv: ModelVersion,
+        req: InferRequest,
+        principal: Principal | None,
+        received: int,
+        future: asyncio.Future[Any] | None,
+    ) -> Pending:
+        """``submit`` for a request another front end decoded (the gRPC codec builds the same InferRequest):
+        validate it against the model, then enqueue it. A front end that refuses a request before this counts
+        it with ``mv.stats.record_failure("OTHER", ...)``, as ``submit`` does."""
+        spec = mv.spec
+        try:
             rows = validate_request(spec, req)
             priority, timeout_us = schedule_params(req)
             if self._admission is not None:
@@ -208,6 +230,17 @@ class InferenceCore:
 
         Raises the InferenceError the request ended with instead (queue timeout, backend error...).
         """
+        chosen, params = self.answer_parts(mv, pending, result)
+        return encode_response(mv.spec.name, mv.version, pending.payload.request.id, chosen, params)
+
+    def answer_parts(
+        self, mv: ModelVersion, pending: Pending, result: Any
+    ) -> tuple[list[tuple[TensorSpec, np.ndarray[Any, Any], bool]], dict[str, str] | None]:
+        """What ``answer`` encodes, for a front end with its own encoding (gRPC): the requested outputs (spec,
+        array, binary wanted) and the response parameters (``ledger_id``, ``variant``).
+
+        Raises the InferenceError the request ended with instead.
+        """
         call: InferCall = pending.payload
         if isinstance(result, InferenceError):
             if isinstance(result, RequestTimeout):  # never reached a batch, so no hook counted it
@@ -228,7 +261,7 @@ class InferenceCore:
                 params["ledger_id"] = call.ledger_id
             if pending.variant:
                 params["variant"] = pending.variant  # which variant served it (fp32, int8...)
-        return encode_response(spec.name, mv.version, req.id, chosen, params)
+        return chosen, params
 
     def response_sent(self, mv: ModelVersion, pending: Pending, received: int) -> None:
         """Tells the batcher's planner how long the answer took, once it has been handed to the transport."""

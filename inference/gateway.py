@@ -1,4 +1,5 @@
-"""The inference gateway: a lean ASGI app for ``/v2/...`` (KServe v2, Triton-compatible) and ``/metrics``.
+"""The inference gateway: a lean ASGI app for ``/v2/...`` (KServe v2, Triton-compatible), ``/metrics`` and
+``/readyz``.
 
 It is routed ahead of Django (carbonledger/asgi.py) because Django's request handler costs
 more per request than the whole hot path here (bench/compare_triton.py measures the path). Per request it only checks
@@ -27,6 +28,8 @@ from inference.core import Admission, InferenceCore, Service
 from inference.errors import InferenceError, InvalidInput, NotFound, PayloadTooLarge
 from inference.keys import KeyLookup, Principal, PrincipalResolver
 from inference.kserve import error_body
+from inference.metrics import key_store_lines
+from inference.readiness import Check, Readiness
 from inference.repository import GatewayOptions, ModelVersion
 
 __all__ = ["DirectInfer", "Gateway", "Principal", "Respond", "wanted_headers"]
@@ -72,6 +75,11 @@ class Gateway:
         )
         self.options = options
         self.repository = self.core.repository
+        # /readyz: the models' readiness alone unless the owner configures more checks (gateway_app does).
+        self.readiness = Readiness()
+        # More Prometheus lines for /metrics (energy, ledger...): each called per scrape, on the event loop, so
+        # each must only read a snapshot.
+        self.metric_sources: list[Callable[[], list[str]]] = []
 
     @property
     def started(self) -> bool:
@@ -84,7 +92,19 @@ class Gateway:
         await self.core.shutdown()
 
     def metrics(self) -> bytes:
-        return metadata.metrics_text(self.repository)
+        lines = key_store_lines(self.core.key_store_errors())
+        for source in self.metric_sources:
+            lines.extend(source())
+        return metadata.metrics_text(self.repository) + "".join(f"{line}\n" for line in lines).encode()
+
+    def models_check(self) -> Check:
+        """KServe's readiness (``/v2/health/ready``) as one of /readyz's checks."""
+        if metadata.server_ready(self.repository, self.core.started):
+            return Check("models", True, "every model has a ready version")
+        if not self.core.started:
+            return Check("models", False, "the gateway is starting or stopping")
+        broken = sorted(name for name, entry in self.repository.models.items() if not entry.ready_versions)
+        return Check("models", False, f"no ready version of {', '.join(broken)}")
 
     # -- ASGI --------------------------------------------------------------------------------
 
@@ -117,6 +137,10 @@ class Gateway:
         try:
             if path == "/metrics":
                 await self._send(send, 200, self.metrics(), _METRICS_HEADERS)
+                return
+            if path == "/readyz":
+                status, body = await self.readiness.probe((self.models_check(),))
+                await self._send_json(send, status, body)
                 return
             if path.startswith("/v2/health/"):
                 await self._health(path, send)

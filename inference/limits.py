@@ -19,6 +19,11 @@ REQUEST_ID_MAX_LENGTH: Final = 256  # the request's "id", stored as the ledger's
 MODEL_NAME_MAX_LENGTH: Final = 128
 MODEL_VERSION_MAX_LENGTH: Final = 32
 VARIANT_MAX_LENGTH: Final = 64  # the config's "variant" parameter, recorded with each batch and request
+# A granular certificate's id and source label, from an import of hourly certificates (carbon.certificate_csv).
+CERTIFICATE_ID_MAX_LENGTH: Final = 100
+ENERGY_SOURCE_MAX_LENGTH: Final = 32
+# The person responsible for an organization's GHG reports, set in the dashboard's settings.
+RESPONSIBLE_PERSON_MAX_LENGTH: Final = 200
 
 # (app label, model, field) -> the largest number of characters the edge lets into it.
 COLUMN_LIMITS: Final[dict[tuple[str, str, str], int]] = {
@@ -31,6 +36,9 @@ COLUMN_LIMITS: Final[dict[tuple[str, str, str], int]] = {
     ("ledger", "LedgerBatch", "variant"): VARIANT_MAX_LENGTH,
     ("jobs", "Job", "model"): MODEL_NAME_MAX_LENGTH,
     ("jobs", "Job", "version"): MODEL_VERSION_MAX_LENGTH,
+    ("carbon", "InstrumentCertificate", "certificate_id"): CERTIFICATE_ID_MAX_LENGTH,
+    ("carbon", "InstrumentCertificate", "energy_source"): ENERGY_SOURCE_MAX_LENGTH,
+    ("reports", "ReportingProfile", "responsible_person"): RESPONSIBLE_PERSON_MAX_LENGTH,
 }
 
 # Request and tensor parameters are stored nowhere, but each one is kept with its request while it waits.

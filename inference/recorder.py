@@ -31,6 +31,7 @@ from inference.config import ModelSpec
 from inference.efficiency import EfficiencyPlanner
 from inference.errors import THREAD_ERRORS, InferenceError, ThreadErrors
 from inference.meters import Meter
+from inference.metrics import EnergyMetrics
 from inference.repository import ModelVersion
 from inference.spool import Spool, SpoolFull
 
@@ -102,10 +103,13 @@ class LedgerRecorder:
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall_ns: Callable[[], int] = time.time_ns,
         thread_errors: ThreadErrors = THREAD_ERRORS,
+        energy_metrics: EnergyMetrics | None = None,
     ) -> None:
+        """``energy_metrics``: the /metrics counters each closed interval is added to (on the meter thread)."""
         if not meters:
             raise ValueError("the recorder needs at least one meter")
         self.spool = spool
+        self.energy_metrics = energy_metrics
         self.options = options or RecorderOptions()
         self._wall_offset = wall_ns() - clock_ns()
         self.devices = [
@@ -221,7 +225,10 @@ class LedgerRecorder:
         return self.devices[0]
 
     def hook_for(self, mv: ModelVersion) -> _BatchHook:
-        return _BatchHook(self, mv, self.device_for(mv.spec))
+        device = self.device_for(mv.spec)
+        if self.energy_metrics is not None:
+            self.energy_metrics.declare(mv.spec.name, mv.version, device.device_id)
+        return _BatchHook(self, mv, device)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -296,9 +303,12 @@ class LedgerRecorder:
 
     def _flush(self) -> None:
         lines: list[bytes] = []
+        metrics = self.energy_metrics
         for dev in self.devices:
             for alloc in dev.accountant.drain():
                 lines.extend(self._interval_lines(dev, alloc))
+                if metrics is not None:  # here, outside the locks the batches' hooks take
+                    metrics.add_interval(dev.device_id, alloc)
         self._spool_or_keep(lines)
 
     def _spool_or_keep(self, lines: list[bytes]) -> None:

@@ -230,14 +230,18 @@ class _StatsHook:
                 reason, sum(timing.end_ns - p.payload.received_ns for p in batch), len(batch)
             )
             return
+        queue_each = [timing.start_ns - p.enqueued_ns for p in batch]
+        request_each = [timing.end_ns - p.payload.received_ns for p in batch]
         self.stats.record_batch(
             rows=sum(p.rows for p in batch),
             requests=len(batch),
-            queue_ns=sum(timing.start_ns - p.enqueued_ns for p in batch),
-            request_ns=sum(timing.end_ns - p.payload.received_ns for p in batch),
+            queue_ns=sum(queue_each),
+            request_ns=sum(request_each),
             compute_input_ns=timing.compute_input_ns,
             compute_infer_ns=timing.compute_infer_ns,
             compute_output_ns=timing.compute_output_ns,
+            request_each_ns=request_each,
+            queue_each_ns=queue_each,
         )
 
 

@@ -141,6 +141,9 @@ class Spool:
             raise
         # Until recover() says where the database is, everything on disk counts as backlog.
         self._backlog = sum(self._sizes.values())
+        # Bytes ever appended, counting what was on disk at start as appended then: minus the backlog, the
+        # bytes the database has, on one scale that rotations and deleted segments leave alone (drain_totals).
+        self._appended = self._backlog
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -224,6 +227,7 @@ class Spool:
                 os.fdatasync(self._fd)
             self._sizes[self._current] = used + written
             self._backlog += written
+            self._appended += written
 
     def _write_rest(self, data: bytes, written: int, used: int) -> int:
         view = memoryview(data)
@@ -238,6 +242,7 @@ class Spool:
             except OSError:
                 self._sizes[self._current] = used + written
                 self._backlog += written
+                self._appended += written
                 self._rotate_next = True
             raise
         return written
@@ -251,6 +256,13 @@ class Spool:
         """Bytes on disk after the acknowledged position: this process's appends, plus what was
         there at start-up (all of it until :meth:`recover` names the checkpoint)."""
         return self._backlog
+
+    def drain_totals(self) -> tuple[int, int]:
+        """(bytes appended so far, backlog), consistent with each other: the bytes acknowledged are their
+        difference. The spool's end and its acknowledged position on one scale, for measuring how long the
+        oldest record not yet in the database has waited (``inference.metrics.DrainLag``)."""
+        with self._lock:
+            return self._appended, self._backlog
 
     # -- reading ------------------------------------------------------------------------------
 

@@ -2,16 +2,92 @@
 
 Batch-level counters are written only by the instance threads (under one lock per model), so
 the event loop pays nothing per successful request.
+
+Latency histograms sit beside Triton's counters. Triton has no request, queue or compute histogram to copy
+(its only one, ``nv_inference_first_response_histogram_ms``, is for decoupled models; its latency summaries'
+quantiles cannot be added up across replicas), so they carry this project's prefix and Triton's names and unit
+otherwise: ``carbonledger_inference_request_duration_us`` and so on, whose ``_sum`` is the counter's total.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
+
+# Upper bounds of the latency histograms' buckets, in µs: 100 µs to 10 s, about three per decade, so that a
+# p99 across replicas (histogram_quantile over the summed buckets) is read to within a bucket's width.
+LATENCY_BUCKETS_US: tuple[int, ...] = (
+    100,
+    250,
+    500,
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+)
+
+
+class Histogram:
+    """Counts of observations per bucket (``value <= bound``, Prometheus' ``le``), their sum and number.
+
+    Not locked: its owner (``ModelStats``) writes and reads it under its own lock.
+    """
+
+    __slots__ = ("_bounds_ns", "bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        if list(bounds) != sorted(set(bounds)):
+            raise ValueError(f"histogram bounds must rise strictly, got {list(bounds)}")
+        self.bounds = tuple(bounds)
+        self._bounds_ns = tuple(b * 1000 for b in self.bounds)  # for observe_ns: no division per value
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        """``n`` observations of ``value``."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+        self.count += n
+
+    def observe_ns(self, values_ns: Sequence[int]) -> None:
+        """One observation of each duration in ``values_ns``, given in ns for a histogram in µs: a batch's
+        requests at once, one bucket lookup each."""
+        counts, bounds, find = self.counts, self._bounds_ns, bisect.bisect_left
+        for ns in values_ns:
+            counts[find(bounds, ns)] += 1
+        self.sum += sum(values_ns) / 1000
+        self.count += len(values_ns)
+
+    def cumulative(self) -> list[int]:
+        """Observations at or below each bound, then all of them (the ``+Inf`` bucket)."""
+        out = []
+        total = 0
+        for c in self.counts:
+            total += c
+            out.append(total)
+        return out
+
+    def copy(self) -> Histogram:
+        twin = Histogram.__new__(Histogram)
+        twin.bounds, twin._bounds_ns = self.bounds, self._bounds_ns
+        twin.counts, twin.sum, twin.count = list(self.counts), self.sum, self.count
+        return twin
 
 
 @dataclass
@@ -50,6 +126,10 @@ class ModelStats:
         self.compute_output = _Duration()
         self.batch_stats: dict[int, _BatchSizeStats] = {}
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
+        # Successful requests only, like nv_inference_request_success: each histogram's count is that counter.
+        self.request_hist = Histogram(LATENCY_BUCKETS_US)
+        self.queue_hist = Histogram(LATENCY_BUCKETS_US)
+        self.compute_infer_hist = Histogram(LATENCY_BUCKETS_US)
 
     def record_batch(
         self,
@@ -60,8 +140,12 @@ class ModelStats:
         compute_input_ns: int,
         compute_infer_ns: int,
         compute_output_ns: int,
+        request_each_ns: Sequence[int] = (),
+        queue_each_ns: Sequence[int] = (),
     ) -> None:
-        """One executed batch of ``requests`` requests holding ``rows`` rows."""
+        """One executed batch of ``requests`` requests holding ``rows`` rows; ``request_each_ns`` and
+        ``queue_each_ns``, each request's durations (summing to ``request_ns`` and ``queue_ns``), feed the
+        histograms. Called once per batch on its instance thread: a bucket lookup per request is all it adds."""
         with self._lock:
             self.last_inference_ms = int(time.time() * 1000)
             self.inference_count += rows
@@ -78,6 +162,9 @@ class ModelStats:
             bs.compute_input.add(compute_input_ns)
             bs.compute_infer.add(compute_infer_ns)
             bs.compute_output.add(compute_output_ns)
+            self.request_hist.observe_ns(request_each_ns)
+            self.queue_hist.observe_ns(queue_each_ns)
+            self.compute_infer_hist.observe(compute_infer_ns / 1000, requests)
 
     def record_failure(self, reason: str, request_ns: int, count: int = 1) -> None:
         with self._lock:
@@ -155,15 +242,59 @@ def prometheus_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+_HISTOGRAMS = (
+    (
+        "carbonledger_inference_request_duration_us",
+        "request_hist",
+        "Successful inference requests by end-to-end duration in microseconds, received to batch done "
+        "(Triton's nv_inference_request_duration_us, as a histogram)",
+    ),
+    (
+        "carbonledger_inference_queue_duration_us",
+        "queue_hist",
+        "Successful inference requests by time waiting in the scheduling queue in microseconds "
+        "(Triton's nv_inference_queue_duration_us, as a histogram)",
+    ),
+    (
+        "carbonledger_inference_compute_infer_duration_us",
+        "compute_infer_hist",
+        "Successful inference requests by the model execution time of their batch in microseconds "
+        "(Triton's nv_inference_compute_infer_duration_us, as a histogram)",
+    ),
+)
+
+
+def _number(value: float) -> str:
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def histogram_lines(name: str, help_text: str, series: list[tuple[str, Histogram]]) -> list[str]:
+    """One histogram family in Prometheus text: ``series`` holds (label text without braces, histogram)."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+    for labels, hist in series:
+        sep = "," if labels else ""
+        for bound, count in zip((*hist.bounds, None), hist.cumulative(), strict=True):
+            le = "+Inf" if bound is None else _number(bound)
+            lines.append(f'{name}_bucket{{{labels}{sep}le="{le}"}} {count}')
+        lines.append(f"{name}_sum{{{labels}}} {_number(hist.sum)}")
+        lines.append(f"{name}_count{{{labels}}} {hist.count}")
+    return lines
+
+
 def prometheus_text(entries: list[tuple[ModelStats, int]], extra: list[str] | None = None) -> bytes:
-    """Render ``(stats, pending)`` pairs in Prometheus text format with Triton's metric names."""
+    """Render ``(stats, pending)`` pairs in Prometheus text format with Triton's metric names, and the
+    latency histograms."""
     lines: list[str] = []
     snapshots = []
+    histograms: dict[str, list[tuple[str, Histogram]]] = {name: [] for name, _, _ in _HISTOGRAMS}
     for stats, pending in entries:
         with stats._lock:
+            label_text = f'model="{prometheus_label(stats.name)}",version="{prometheus_label(stats.version)}"'
+            for name, attribute, _ in _HISTOGRAMS:
+                histograms[name].append((label_text, getattr(stats, attribute).copy()))
             snapshots.append(
                 (
-                    f'model="{prometheus_label(stats.name)}",version="{prometheus_label(stats.version)}"',
+                    label_text,
                     {
                         "nv_inference_request_success": stats.success.count,
                         "nv_inference_count": stats.inference_count,
@@ -187,6 +318,8 @@ def prometheus_text(entries: list[tuple[ModelStats, int]], extra: list[str] | No
                     lines.append(f'{metric}{{{labels},reason="{reason}"}} {failures[reason]}')
             else:
                 lines.append(f"{metric}{{{labels}}} {values[metric]}")
+    for name, _, help_text in _HISTOGRAMS:
+        lines.extend(histogram_lines(name, help_text, histograms[name]))
     if extra:
         lines.extend(extra)
     return ("\n".join(lines) + "\n").encode()

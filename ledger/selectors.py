@@ -21,6 +21,8 @@ from ledger.models import (
     LedgerRequest,
     LedgerRequestEnergy,
 )
+from ledger.ownership import chain_lease_name
+from tenancy.leases import LeaseGrant, lease_holder
 from tenancy.models import Device
 
 
@@ -282,9 +284,13 @@ def ledger_request_for(organization_id: int, request_id: str) -> dict[str, objec
     return {"request": req, "parts": parts, "energy_uj": total_uj, "final": final, "device": device}
 
 
-def quarantined_count() -> int:
-    """Spool lines refused for their data and neither retried nor dismissed yet (one indexed count)."""
-    return LedgerQuarantine.objects.filter(state=LedgerQuarantine.QUARANTINED).count()
+def quarantined_count(chain_id: str | None = None) -> int:
+    """Spool lines refused for their data and neither retried nor dismissed yet (one indexed count), of every
+    chain or of the chain ``chain_id`` (one replica's: its readiness waits for an operator on them)."""
+    rows = LedgerQuarantine.objects.filter(state=LedgerQuarantine.QUARANTINED)
+    if chain_id is not None:
+        rows = rows.filter(chain__chain_id=chain_id)
+    return rows.count()
 
 
 def quarantine_rows(
@@ -297,3 +303,9 @@ def quarantine_rows(
     if ids is not None:
         rows = rows.filter(pk__in=ids)
     return rows
+
+
+def chain_lease(chain_id: str) -> LeaseGrant | None:
+    """Who holds the database lease of a ledger chain (live or lapsed: compare ``expires_at`` with the
+    database's clock), or None when no process ever claimed it. See ledger/ownership.py."""
+    return lease_holder(chain_lease_name(chain_id))

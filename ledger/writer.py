@@ -49,6 +49,7 @@ from psycopg.copy import Copy, FileWriter
 from inference.errors import THREAD_ERRORS, ThreadErrors
 from inference.spool import Spool, SpoolPosition, SpoolReader
 from ledger.models import LedgerChain, LedgerQuarantine, LedgerQuarantineMarker
+from ledger.ownership import ChainLost, ChainOwnership
 from ledger.preparer import PreparerFailed, PreparerProcess
 from ledger.records import CHAIN_COLUMNS, KINDS, WRITER_KINDS, RecordKind, link_hash, normalize, normalizer
 from tenancy.models import Device, Site
@@ -280,16 +281,23 @@ def prepare_chunk(
 
 
 def commit_chunk(
-    chain_id: str, chunk: PreparedChunk, spool: Spool | SpoolReader | None = None
+    chain_id: str,
+    chunk: PreparedChunk,
+    spool: Spool | SpoolReader | None = None,
+    ownership: ChainOwnership | None = None,
 ) -> tuple[int, tuple[int, int, str]]:
     """Insert a chunk in one transaction with the chain head and the spool position it reaches.
 
     Returns how many chained records were written (quarantine markers included) and the chain's new head
     (pk, seq, hash). Raises ``PositionMoved`` when the database checkpoint is not at ``chunk.start``. When a
     record of the chunk is refused for its data, the chunk is written line by line and that record quarantined;
-    ``spool`` (the one the chunk was read from) gives each quarantined line its exact position.
+    ``spool`` (the one the chunk was read from) gives each quarantined line its exact position. ``ownership``:
+    the fencing check, first thing in the transaction (the lease row stays locked until the commit), raises
+    ``ChainLost`` when the chain's lease is no longer this process's, and nothing is written.
     """
     with transaction.atomic():
+        if ownership is not None:
+            ownership.check()
         chain = _lock_chain(chain_id)
         at = SpoolPosition.decode(chain.spool_position)
         if at != chunk.start:
@@ -714,11 +722,24 @@ class LedgerWriter:
         max_backoff_s: float = 5.0,
         preparer_min_backlog_bytes: int | None = 16 << 20,
         thread_errors: ThreadErrors = THREAD_ERRORS,
+        ownership: ChainOwnership | None = None,
     ) -> None:
         """``preparer_min_backlog_bytes``: on PostgreSQL, from this backlog on the next chunks are prepared in a
         preparer process rather than on a helper thread (None: never). ``thread_errors``: where the drain loop
-        counts (and logs) the failures it survives, shown in /metrics."""
+        counts (and logs) the failures it survives, shown in /metrics. ``ownership``: the chain's lease, claimed
+        and kept by the caller (the gateway, ``drain_ledger``); without one, ``recover`` claims the chain for
+        this process and the writer keeps and releases the lease itself. Every commit checks it (fencing)."""
+        if ownership is not None and ownership.chain_id != spool.chain_id:
+            raise ValueError(
+                f"the lease is for chain {ownership.chain_id}, the spool's chain is {spool.chain_id}"
+            )
         self.spool = spool
+        self.ownership = ownership
+        self._owns_lease = ownership is None
+        # Set once a commit found the chain's lease taken over (or the keeper did): the writer then stops
+        # writing for good; readiness and /metrics read it.
+        self.fenced = False
+        self.lease_lost_total = 0
         self.interval_s = interval_s
         self.max_chunk_bytes = max_chunk_bytes
         self.max_backoff_s = max_backoff_s
@@ -739,7 +760,12 @@ class LedgerWriter:
         self._head: tuple[int, int, str] | None = None
 
     def recover(self) -> None:
-        """Read the checkpoint from the database and make the spool replay from there."""
+        """Claim the chain (unless the caller did), read the checkpoint from the database and make the spool
+        replay from there. Raises ``ChainHeld`` when another live process holds the chain."""
+        if self.ownership is None:
+            self.ownership = ChainOwnership(self.spool.chain_id)
+        if self.ownership.grant is None:
+            self.ownership.claim()
         chain, _ = LedgerChain.objects.get_or_create(chain_id=self.spool.chain_id)
         self.position = SpoolPosition.decode(chain.spool_position)
         self.spool.recover(self.position)
@@ -753,11 +779,19 @@ class LedgerWriter:
         )
 
     def start(self) -> None:
+        if self._owns_lease and self.ownership is not None and self.ownership.grant is not None:
+            self.ownership.start_keeper()
         self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the writer thread runs (it ends on ``stop``, or when the chain was taken from it)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Drain what is spooled (bounded by ``timeout_s``) and stop the thread."""
+        """Drain what is spooled (bounded by ``timeout_s``) and stop the thread; a lease the writer claimed
+        itself is released (one it was given is the giver's)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -766,6 +800,8 @@ class LedgerWriter:
             self._helper.shutdown(wait=True, cancel_futures=True)
             self._helper = None
         self._stop_preparer()
+        if self._owns_lease and self.ownership is not None:
+            self.ownership.release()
 
     def _preparer_failed(self, exc: BaseException) -> None:
         """The preparer died (killed, out of memory): prepare here, and start a new one on the next drain."""
@@ -817,7 +853,11 @@ class LedgerWriter:
     def _commit(self, chunk: PreparedChunk) -> bool:
         """Commit a chunk read from ``self.position``; False when another writer moved the checkpoint."""
         try:
-            written, self._head = commit_chunk(self.spool.chain_id, chunk, self.spool)
+            written, self._head = commit_chunk(self.spool.chain_id, chunk, self.spool, self.ownership)
+        except ChainLost:
+            self._head = None
+            self._fence()
+            raise
         except PositionMoved as moved:
             log.warning("ledger chain %s: %s; re-reading from there", self.spool.chain_id, moved)
             self.position = moved.position
@@ -896,6 +936,11 @@ class LedgerWriter:
             if sent and preparer is not None:
                 preparer.discard()
 
+    def _fence(self) -> None:
+        if not self.fenced:
+            self.fenced = True
+            self.lease_lost_total += 1
+
     def drain_all(self, deadline_s: float = 30.0) -> None:
         end = time.monotonic() + deadline_s
         while time.monotonic() < end and self.drain_available(until=end):
@@ -915,12 +960,29 @@ class LedgerWriter:
             stopping = self._stop.is_set()
             try:
                 close_old_connections()
+                if self.ownership is not None and self.ownership.lost:
+                    # The keeper saw the lease taken over before a commit did.
+                    raise ChainLost(self.spool.chain_id, self.ownership.lost_reason)
                 self.drain_available(stop=None if stopping else self._stop)
                 if not self.healthy:
                     log.warning("ledger writer: writing again (after %s)", self.last_error.splitlines()[0])
                 self.healthy = True
                 self.last_error = ""
                 backoff = self.interval_s
+            except ChainLost as exc:
+                # Another process holds the chain now (a copy of this spool, or a replica that took it over
+                # while this one was stalled): writing on would fork the chain. Stop for good, loudly; the
+                # spool keeps what is not in the database, and readiness turns 503 on ``fenced``.
+                self._fence()
+                self.healthy = False
+                self.last_error = str(exc)
+                log.error(
+                    "ledger writer stopped: %s; %d bytes stay in the spool at %s",
+                    exc,
+                    self.spool.backlog_bytes,
+                    self.spool.directory,
+                )
+                return
             except DatabaseError as exc:
                 self.healthy = False
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -954,10 +1016,21 @@ class LedgerWriter:
             self._wake.clear()
 
 
-def write_drainer_status(directory: Path, thread_errors: dict[str, int]) -> None:
+def write_drainer_status(
+    directory: Path,
+    thread_errors: dict[str, int],
+    *,
+    records_written: int | None = None,
+    healthy: bool | None = None,
+) -> None:
     """Publish this drainer process's thread error counts next to its spool (atomically: a temporary file, then
-    a rename), for the gateway that started it to show in /metrics."""
-    status = {"pid": os.getpid(), "thread_errors": thread_errors}
+    a rename), for the gateway that started it to show in /metrics; with the records its writer committed and
+    whether its last attempt succeeded, when given (``read_drainer_state``)."""
+    status: dict[str, object] = {"pid": os.getpid(), "thread_errors": thread_errors}
+    if records_written is not None:
+        status["records_written"] = records_written
+    if healthy is not None:
+        status["healthy"] = healthy
     tmp = directory / f"{DRAINER_STATUS_FILE}.{os.getpid()}.tmp"
     tmp.write_bytes(orjson.dumps(status))
     os.replace(tmp, directory / DRAINER_STATUS_FILE)
@@ -969,6 +1042,33 @@ def read_drainer_status(directory: Path) -> tuple[int, dict[str, int]] | None:
         status = orjson.loads((directory / DRAINER_STATUS_FILE).read_bytes())
         pid, counts = int(status["pid"]), status["thread_errors"]
         return pid, {str(name): int(count) for name, count in counts.items()}
+    except FileNotFoundError:
+        return None
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        log.warning("ignoring the drainer's status file in %s: %s", directory, exc)
+        return None
+
+
+@dataclass(frozen=True)
+class DrainerState:
+    """What a drainer process last published about its writer (``write_drainer_status``)."""
+
+    pid: int
+    records_written: int | None
+    healthy: bool | None
+
+
+def read_drainer_state(directory: Path) -> DrainerState | None:
+    """The writer's state as a drainer process last published it; None when there is none (yet)."""
+    try:
+        status = orjson.loads((directory / DRAINER_STATUS_FILE).read_bytes())
+        written = status.get("records_written")
+        healthy = status.get("healthy")
+        return DrainerState(
+            int(status["pid"]),
+            None if written is None else int(written),
+            None if healthy is None else bool(healthy),
+        )
     except FileNotFoundError:
         return None
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:

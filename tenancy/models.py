@@ -145,3 +145,24 @@ class Device(models.Model):
 
     def __str__(self) -> str:
         return self.device_id
+
+
+class Lease(models.Model):
+    """A named, expiring claim by one live process: a ledger chain (``chain:<chain_id>``) or a metered device
+    (``device:<identity>``). ``token`` is the fencing token: it goes up by one every time the lease changes
+    owner, so a write checked against (owner, token) inside its own transaction cannot come from a process
+    whose lease was taken over. The functions in :mod:`tenancy.leases` are the only writers."""
+
+    name = models.CharField(max_length=200, unique=True)
+    owner = models.CharField(max_length=200)
+    token = models.BigIntegerField(default=1)
+    expires_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    claimed_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "tenancy_lease"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.owner} (token {self.token})"

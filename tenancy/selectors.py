@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 
-from tenancy.models import ApiKey, Organization
+from tenancy.models import ApiKey, Lease, Organization
 from tenancy.services import KEY_PREFIX, hash_key
 
 
@@ -27,3 +27,8 @@ def organization_by_slug(slug: str) -> Organization | None:
 
 def api_keys_of(organization: Organization) -> list[ApiKey]:
     return list(ApiKey.objects.filter(organization=organization))
+
+
+def leases_with_prefix(prefix: str) -> list[Lease]:
+    """Every lease whose name starts with ``prefix`` (``worker:``...), live or lapsed, by name."""
+    return list(Lease.objects.filter(name__startswith=prefix).order_by("name"))

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 
 from tests.support.gateway_process import fresh_postgres_database, postgres_url_from_env
+
+# Gateways started by the tests (in this process, or as processes inheriting this environment) listen for gRPC
+# only where a test asks for it on a free port: test runs share machines, and the default port (8001) would
+# collide. Django's settings are loaded before this file, hence both.
+os.environ["CARBONLEDGER_GRPC_PORT"] = "0"
+settings.GRPC_PORT = 0
 
 
 @pytest.fixture

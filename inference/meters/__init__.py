@@ -19,6 +19,7 @@ importing this package is always cheap and safe.
 """
 
 from .base import RELATIVE_UNCERTAINTY, CounterAccumulator, Meter, MeterError, MeterMethod, Reading
+from .claims import DeviceHeld, FencedMeter, claim_devices
 from .cpu_model import CpuModelMeter
 from .nvml import NvmlMeter
 from .rapl import RaplMeter, find_packages
@@ -31,6 +32,8 @@ __all__ = [
     "CounterAccumulator",
     "CpuModelMeter",
     "Detection",
+    "DeviceHeld",
+    "FencedMeter",
     "Meter",
     "MeterError",
     "MeterMethod",
@@ -38,6 +41,7 @@ __all__ = [
     "RaplMeter",
     "Reading",
     "TritonMeter",
+    "claim_devices",
     "detect_meters",
     "find_packages",
     "load_meter_class",

@@ -4,9 +4,11 @@ Model::
 
     energy_J = cpu_seconds * tdp_w / cores  +  rss_GB * memory_w_per_gb * wall_seconds
 
-* ``cpu_seconds`` is the process's user + system CPU time, summed over all its
-  threads. It therefore includes every request the process served
-  concurrently, and only this process (not other workers on the host).
+* ``cpu_seconds`` comes from ``cpu_time_s``: by default the process's user +
+  system CPU time, summed over all its threads; a gateway passes the CPU time
+  of its serving work only (:mod:`inference.meters.serving_cpu`), so that the
+  dashboard and the API it may host are not booked on the device. Either way
+  only this process counts (not other workers on the host).
 * ``tdp_w / cores`` is the power of one fully busy core at TDP. It ignores idle
   and uncore power, turbo above TDP and frequency scaling -- hence the 30 %
   nominal uncertainty, and the meter reports ``measured = False``.
@@ -26,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .base import ClockNs, Meter, MeterMethod
+from .host import cpu_model_device_id
+from .host import host_id as detect_host_id
 
 DEFAULT_TDP_W = 65.0
 DEFAULT_MEMORY_W_PER_GB = 0.375
@@ -63,8 +67,13 @@ class CpuModelMeter(Meter):
             ``os.cpu_count()`` (logical CPUs, which undercounts per-core power
             on SMT machines -- pass physical cores if known).
         memory_w_per_gb: DRAM power per GB resident.
-        device_id: id reported in readings.
-        cpu_time_s, rss_bytes, clock_ns: injectable sources for tests.
+        host_id: the host (:mod:`inference.meters.host`); ``None`` detects it.
+        instance: names the process on its host, for the device id: a gateway gives its ledger chain id (one
+            live process at a time), so a restart keeps the device; ``None``: ``pid<pid>``.
+        device_id: id reported in readings; ``None``: ``cpu-model:<host id>:<instance>``.
+        cpu_time_s: CPU seconds to model (cumulative); default the whole process's.
+        cpu_time_label: what ``cpu_time_s`` counts, for :meth:`device_info`.
+        rss_bytes, clock_ns: injectable sources for tests.
     """
 
     def __init__(
@@ -73,8 +82,11 @@ class CpuModelMeter(Meter):
         tdp_w: float = DEFAULT_TDP_W,
         cores: int | None = None,
         memory_w_per_gb: float = DEFAULT_MEMORY_W_PER_GB,
-        device_id: str = "cpu-model",
+        host_id: str | None = None,
+        instance: str | None = None,
+        device_id: str | None = None,
         cpu_time_s: Callable[[], float] = process_cpu_time_s,
+        cpu_time_label: str = "the whole process",
         rss_bytes: Callable[[], int] = process_rss_bytes,
         clock_ns: ClockNs = time.monotonic_ns,
     ) -> None:
@@ -88,11 +100,15 @@ class CpuModelMeter(Meter):
         self._cores = cores
         self._memory_w_per_gb = memory_w_per_gb
         self._cpu_time_s = cpu_time_s
+        self._cpu_time_label = cpu_time_label
         self._rss_bytes = rss_bytes
         self._energy_j = 0.0
         self._prev_cpu_s = 0.0
         self._prev_t_ns = 0
         self._prev_rss = 0
+        self._host_id = detect_host_id(host_id)
+        if device_id is None:
+            device_id = cpu_model_device_id(self._host_id, instance or f"pid{os.getpid()}")
         super().__init__(device_id, clock_ns=clock_ns)
 
     @property
@@ -105,10 +121,12 @@ class CpuModelMeter(Meter):
 
     def device_info(self) -> dict[str, str]:
         return {
-            "model": "process cpu-time x tdp_w/cores + rss x memory_w_per_gb x wall-time",
+            "model": "cpu-time x tdp_w/cores + process rss x memory_w_per_gb x wall-time",
+            "host_id": self._host_id,
             "tdp_w": f"{self._tdp_w:g}",
             "cores": str(self._cores),
             "memory_w_per_gb": f"{self._memory_w_per_gb:g}",
+            "cpu_time": self._cpu_time_label,
         }
 
     def _start(self) -> None:

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .base import ClockNs, CounterAccumulator, Meter, MeterError, MeterMethod, PeriodicThread
+from .host import host_id as detect_host_id
+from .host import rapl_device_id
 
 DEFAULT_POWERCAP_ROOT = Path("/sys/class/powercap")
 
@@ -144,8 +146,9 @@ class RaplMeter(Meter):
             shorter than the wrap period (see module doc).
         read_text: file reader, injectable for tests.
         clock_ns: monotonic clock for reading timestamps.
+        host_id: the host the package is in (:mod:`inference.meters.host`); ``None`` detects it.
 
-    The ``device_id`` is ``rapl:intel-rapl:N``.
+    The ``device_id`` is ``rapl:<host id>:intel-rapl:N``: package numbers repeat on every host.
 
     Raises:
         MeterError: the zone is missing or its files cannot be read (the message
@@ -161,6 +164,7 @@ class RaplMeter(Meter):
         poll_interval_s: float | None = None,
         read_text: ReadText = _read_text,
         clock_ns: ClockNs = time.monotonic_ns,
+        host_id: str | None = None,
     ) -> None:
         if poll_interval_s is not None and poll_interval_s <= 0:
             raise ValueError(f"poll_interval_s must be > 0, got {poll_interval_s!r}")
@@ -179,7 +183,8 @@ class RaplMeter(Meter):
         self._counters = [CounterAccumulator(wrap_at=w) for w in self._wrap_uj]
         self._poll_interval_s = poll_interval_s
         self._poller: PeriodicThread | None = None
-        super().__init__(f"rapl:{pkg.zone.path.name}", clock_ns=clock_ns)
+        self._host_id = detect_host_id(host_id)
+        super().__init__(rapl_device_id(self._host_id, pkg.zone.path.name), clock_ns=clock_ns)
 
     @property
     def method(self) -> MeterMethod:
@@ -201,6 +206,7 @@ class RaplMeter(Meter):
     def device_info(self) -> dict[str, str]:
         dram = "included" if self.includes_dram else ("not included" if self._package.dram else "not present")
         return {
+            "host_id": self._host_id,
             "zone": str(self._package.zone.path),
             "name": self._package.zone.name,
             "dram": dram,

@@ -77,7 +77,11 @@ class DetectOptions(TypedDict, total=False):
         triton_url: Triton metrics URL; Triton is skipped when absent.
         triton_timeout_s: HTTP timeout for Triton (default 2 s).
         cpu_model_options: :class:`~inference.meters.cpu_model.CpuModelMeter`
-            kwargs (tdp_w, cores, memory_w_per_gb, ...).
+            kwargs (tdp_w, cores, memory_w_per_gb, cpu_time_s, ...).
+        host_id: the host id in RAPL's and the modelled CPU's device ids
+            (:mod:`inference.meters.host`); default detected.
+        instance: names this process on its host in the modelled CPU's device
+            id (a gateway gives its ledger chain id); default ``pid<pid>``.
     """
 
     sources: Sequence[str]
@@ -88,6 +92,8 @@ class DetectOptions(TypedDict, total=False):
     triton_url: str | None
     triton_timeout_s: float
     cpu_model_options: Mapping[str, Any]
+    host_id: str | None
+    instance: str | None
 
 
 @dataclass
@@ -137,7 +143,7 @@ def _probe_nvml(det: Detection, nvml_module: Any, nvml_options: Mapping[str, Any
         )
 
 
-def _probe_rapl(det: Detection, root: str | Path, include_dram: bool) -> None:
+def _probe_rapl(det: Detection, root: str | Path, include_dram: bool, host_id: str | None) -> None:
     try:
         packages = find_packages(root)
     except MeterError as exc:
@@ -145,7 +151,7 @@ def _probe_rapl(det: Detection, root: str | Path, include_dram: bool) -> None:
         return
     for pkg in packages:
         try:
-            meter = RaplMeter(pkg.number, root=root, include_dram=include_dram)
+            meter = RaplMeter(pkg.number, root=root, include_dram=include_dram, host_id=host_id)
         except MeterError as exc:
             det.skipped.append(str(exc))
             continue
@@ -176,13 +182,22 @@ def _probe_triton(det: Detection, url: str | None, timeout_s: float) -> None:
         det.meters.append((meter, f"triton: {uuid} energy from {url}"))
 
 
-def _probe_cpu_model(det: Detection, cpu_model_options: Mapping[str, Any]) -> None:
+def cpu_model_meter(
+    cpu_model_options: Mapping[str, Any], host_id: str | None = None, instance: str | None = None
+) -> CpuModelMeter:
+    """This process's modelled CPU meter, as :func:`probe_meters` makes it (and a fallback needs it)."""
+    return CpuModelMeter(**{"host_id": host_id, "instance": instance, **cpu_model_options})
+
+
+def _probe_cpu_model(
+    det: Detection, cpu_model_options: Mapping[str, Any], host_id: str | None, instance: str | None
+) -> None:
     host_measured = [m for m, _ in det.meters if m.method != "triton"]
     if host_measured:
         det.skipped.append("cpu-model: not needed, NVML/RAPL meters found")
         return
     why = "; ".join(s for s in det.skipped if s.startswith(("nvml", "rapl")))
-    meter = CpuModelMeter(**cpu_model_options)
+    meter = cpu_model_meter(cpu_model_options, host_id, instance)
     reason = "cpu-model: no NVML or RAPL"
     det.meters.append((meter, f"{reason} ({why})" if why else reason))
 
@@ -204,12 +219,17 @@ def probe_meters(**options: Unpack[DetectOptions]) -> Detection:
             _probe_nvml(det, options.get("nvml_module"), options.get("nvml_options", {}))
         if "rapl" in sources:
             _probe_rapl(
-                det, options.get("rapl_root", DEFAULT_POWERCAP_ROOT), options.get("rapl_include_dram", True)
+                det,
+                options.get("rapl_root", DEFAULT_POWERCAP_ROOT),
+                options.get("rapl_include_dram", True),
+                options.get("host_id"),
             )
         if "triton" in sources:
             _probe_triton(det, options.get("triton_url"), options.get("triton_timeout_s", DEFAULT_TIMEOUT_S))
         if "cpu-model" in sources:
-            _probe_cpu_model(det, options.get("cpu_model_options", {}))
+            _probe_cpu_model(
+                det, options.get("cpu_model_options", {}), options.get("host_id"), options.get("instance")
+            )
     except BaseException:
         det.close_all()
         raise

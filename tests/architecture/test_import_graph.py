@@ -26,7 +26,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
 # Framework-free cores: they must stay importable (and testable) without Django.
-DJANGO_FREE = ("inference", "carbon.co2e", "carbon.intensity_csv", "carbon.providers")
+DJANGO_FREE = (
+    "inference",
+    "carbon.co2e",
+    "carbon.intensity_csv",
+    "carbon.providers",
+    "carbon.hourly",
+    "carbon.energy_mix",
+    "carbon.certificate_csv",
+)
 
 
 def project_modules() -> dict[str, Path]:

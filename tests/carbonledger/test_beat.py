@@ -17,7 +17,16 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support.gateway_process import PYTHON, REPO_ROOT, gateway_env, manage, wait_until
+from tenancy.locks import _NAMESPACE, KEYS
+from tests.support.gateway_process import (
+    PYTHON,
+    REPO_ROOT,
+    LedgerDatabase,
+    gateway_env,
+    manage,
+    postgres_url_from_env,
+    wait_until,
+)
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 INTERVAL_S = 2.0
@@ -124,6 +133,54 @@ def test_one_beat_sends_the_rollup_once_per_interval_while_a_second_waits_then_t
         assert expected - 1 <= sent <= expected + 1, (
             f"{sent} rollups sent in {WINDOW_S} s\n{second.log()[-2000:]}"
         )
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+
+
+@pytest.mark.skipif(
+    postgres_url_from_env() is None, reason="a lock's session ended under it: PostgreSQL only"
+)
+def test_a_beat_whose_lock_session_is_ended_stops_sending_and_waits_again(
+    tmp_path: Path, database_url: str, messages: RollupMessages
+) -> None:
+    settings = {
+        "CELERY_BROKER_URL": REDIS_URL,
+        "CELERY_QUEUE": messages.queue,
+        "ROLLUP_INTERVAL_S": str(INTERVAL_S),
+    }
+    first_env = gateway_env(tmp_path / "first", database_url, **settings)
+    second_env = gateway_env(tmp_path / "second", database_url, **settings)
+    done = manage(first_env, "migrate", "--noinput")
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = BeatProcess(first_env, tmp_path / "first-beat.log")
+    second: BeatProcess | None = None
+    try:
+        assert wait_until(lambda: "holds the beat lock" in first.log(), 60), first.log()[-3000:]
+        second = BeatProcess(second_env, tmp_path / "second-beat.log")
+        assert wait_until(lambda: "waiting for the beat lock" in second.log(), 60), second.log()[-3000:]
+
+        # The database ends the holder's session (a restart, an operator's pg_terminate_backend).
+        ended = LedgerDatabase(postgres_url=database_url).query(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            f" AND classid = {_NAMESPACE} AND objid = {KEYS['beat']}"
+        )
+        assert ended == [(True,)]
+        waiting = second
+        assert wait_until(lambda: "holds the beat lock" in waiting.log(), 30), waiting.log()[-3000:]
+        # The first notices within its check interval, starts afresh and waits behind the second.
+        assert wait_until(lambda: first.log().count("waiting for the beat lock") >= 1, 30), first.log()[
+            -3000:
+        ]
+        assert "starts again, waiting for the lock" in first.log()
+        assert first.proc.poll() is None, first.log()[-3000:]
+        assert wait_until(lambda: "Sending due task rollups-update" in waiting.log(), 30), waiting.log()[
+            -3000:
+        ]
+        sent = messages.over(WINDOW_S)
+        expected = WINDOW_S / INTERVAL_S
+        assert expected - 1 <= sent <= expected + 1, f"{sent} rollups sent in {WINDOW_S} s"
     finally:
         first.kill()
         if second is not None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,11 +148,10 @@ def test_two_gateways_on_one_host_meter_their_own_modelled_cpu(tmp_path: Path, d
         b.start(60)
         _serve(a.address, key_a, 5)
         _serve(b.address, key_b, 5)
-        time.sleep(1.0)
+        chain_a, chain_b = _chain_id(tmp_path / "a"), _chain_id(tmp_path / "b")
+        assert wait_until(lambda: _drained(db, {chain_a, chain_b}), 90)
         assert a.terminate(), a.log_tail()
         assert b.terminate(), b.log_tail()
-    chain_a, chain_b = _chain_id(tmp_path / "a"), _chain_id(tmp_path / "b")
-    assert wait_until(lambda: _drained(db, {chain_a, chain_b}), 30)
     by_chain: dict[str, set[str]] = {}
     for chain, device, *_ in _intervals(db):
         by_chain.setdefault(chain, set()).add(device)
@@ -181,12 +179,11 @@ def test_a_second_gateway_on_a_host_whose_rapl_package_is_taken_falls_back_to_it
         b.start(60)
         _serve(a.address, key_a, 5)
         _serve(b.address, key_b, 5)
-        time.sleep(1.5)
         assert "falls back to its own modelled CPU" in b.log_path.read_text(), b.log_tail()
+        chain_a, chain_b = _chain_id(tmp_path / "a"), _chain_id(tmp_path / "b")
+        assert wait_until(lambda: _drained(db, {chain_a, chain_b}), 90)
         assert a.terminate(), a.log_tail()
         assert b.terminate(), b.log_tail()
-    chain_a, chain_b = _chain_id(tmp_path / "a"), _chain_id(tmp_path / "b")
-    assert wait_until(lambda: _drained(db, {chain_a, chain_b}), 30)
     intervals = _intervals(db)
     on_package = [i for i in intervals if i[1] == rapl]
     # The package is booked by the gateway that holds it, and by no other: no instant of it is charged twice.
@@ -206,9 +203,8 @@ def test_a_second_gateway_on_a_host_whose_rapl_package_is_taken_falls_back_to_it
     with GatewayProcess(env_b, tmp_path / "b2.log") as b:
         b.start(60)
         _serve(b.address, key_b, 3)
-        time.sleep(1.0)
+        assert wait_until(lambda: any(c == chain_b and d == rapl for c, d, *_ in _intervals(db)), 90)
         assert b.terminate(), b.log_tail()
-    assert wait_until(lambda: any(c == chain_b and d == rapl for c, d, *_ in _intervals(db)), 30)
 
 
 def test_a_second_gateway_finding_its_gpu_metered_by_a_live_gateway_refuses_to_start(
@@ -232,7 +228,7 @@ def test_a_second_gateway_finding_its_gpu_metered_by_a_live_gateway_refuses_to_s
         assert UUID in log and "one gateway per GPU" in log, b.log_tail()
         # The first keeps serving, metering the GPU.
         _serve(a.address, key_a, 3)
+        db = _ledger_db(database_url)
+        assert wait_until(lambda: any(d == UUID for _c, d, *_ in _intervals(db)), 90)
         assert a.terminate(), a.log_tail()
-    db = _ledger_db(env_a["DATABASE_URL"])
-    assert wait_until(lambda: any(d == UUID for _c, d, *_ in _intervals(db)), 30)
     assert {c for c, d, *_ in _intervals(db) if d == UUID} == {_chain_id(tmp_path / "a")}

@@ -38,7 +38,13 @@ NEEDS_POSTGRES = pytest.mark.skipif(
     POSTGRES_URL is None, reason="DATABASE_URL is not a postgres:// URL; this case runs on PostgreSQL only"
 )
 # Probes answer within a second and keep their answer 0.2 s here, so that the tests see changes quickly.
-FAST = {"READY_CACHE_S": "0.2", "READY_DB_TIMEOUT_S": "2", "LEDGER_STATUS_INTERVAL_S": "0.2"}
+# No gRPC port: concurrent test gateways would all want the default one.
+FAST = {
+    "READY_CACHE_S": "0.2",
+    "READY_DB_TIMEOUT_S": "2",
+    "LEDGER_STATUS_INTERVAL_S": "0.2",
+    "CARBONLEDGER_GRPC_PORT": "0",
+}
 
 
 @contextlib.contextmanager

@@ -83,7 +83,8 @@ def _serve(env: dict[str, str], log: Path, role: str, ready_path: str) -> Gatewa
 
 @pytest.fixture
 def prepared(tmp_path: Path, database_url: str) -> Iterator[tuple[dict[str, str], str]]:
-    env = gateway_env(tmp_path / "var", database_url)
+    # No gRPC port: a fixed one could collide with another test's server.
+    env = gateway_env(tmp_path / "var", database_url, CARBONLEDGER_GRPC_PORT="0")
     yield env, prepare_gateway(env)
 
 
@@ -110,7 +111,7 @@ def test_a_web_process_serves_the_dashboard_and_api_only(
     with _serve(env, tmp_path / "web.log", "web", "/accounts/login/") as web:
         assert get(web.address, "/api/v1/whoami", key)[0] == 200
         assert get(web.address, "/api/v1/ledger/requests", key)[0] == 200
-        for path in ("/v2/health/ready", "/v2/health/live", "/v2/models/linear", "/metrics"):
+        for path in ("/v2/health/ready", "/v2/health/live", "/v2/models/linear", "/metrics", "/readyz"):
             status, body = get(web.address, path, key)
             assert status == 404, (path, status, body[:300])
             assert b"web" in body, body[:300]

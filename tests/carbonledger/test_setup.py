@@ -7,16 +7,34 @@ under a database advisory lock."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import io
 import os
+import re
 import sqlite3
 import stat
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 
-from tests.support.gateway_process import PYTHON, REPO_ROOT, gateway_env, manage, postgres_url_from_env
+from tenancy.models import ApiKey
+from tenancy.selectors import api_key_lookup
+from tenancy.services import api_key_revoke
+from tests.factories import LedgerRequestFactory, OrganizationFactory
+from tests.support.gateway_process import (
+    PYTHON,
+    REPO_ROOT,
+    gateway_env,
+    manage,
+    postgres_url_from_env,
+    wait_until,
+)
 
 postgres_only = pytest.mark.skipif(
     postgres_url_from_env() is None, reason="the start-up races are PostgreSQL races (set DATABASE_URL)"
@@ -96,12 +114,15 @@ def test_two_demo_setups_started_together_both_succeed_and_load_the_demo_once(
         (1,)
     ]
     assert _query(database_url, "SELECT count(*) FROM auth_user WHERE username = 'demo'") == [(1,)]
+    # One of the two loaded the synthetic month, the other found it there.
+    loaded = [re.search(r"demo data\b.*?(\d+) (?:synthetic )?requests", out) for _rc, out in results]
+    assert sum(m is not None for m in loaded) == 1, [out[-1500:] for _rc, out in results]
     requests = _query(
         database_url,
         "SELECT count(*) FROM ledger_request r JOIN carbonledger_organization o ON o.id = r.organization_id"
         " WHERE o.slug = 'demo'",
     )
-    assert requests == [(50_000,)], "the synthetic month was loaded more than once"
+    assert requests == [(next(int(m.group(1)) for m in loaded if m),)]
     # Each replica keeps a working key of its own in its var folder.
     for env in envs:
         key = (Path(env["CARBONLEDGER_VAR_DIR"]) / "demo-api-key").read_text().strip()
@@ -127,36 +148,104 @@ def _live_demo_key_prefixes(database_url: str) -> set[str]:
     return {prefix for (prefix,) in rows}
 
 
-def test_four_starts_keep_one_live_demo_key_in_a_private_file(tmp_path: Path, database_url: str) -> None:
-    env = gateway_env(tmp_path / "var", database_url)
-    done = manage(env, "migrate", "--noinput")
-    assert done.returncode == 0, done.stderr[-3000:]
-    key_file = tmp_path / "var" / "demo-api-key"
+def _bootstrap_demo() -> str:
+    out = io.StringIO()
+    call_command("bootstrap_demo", stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+@pytest.fixture
+def demo_var(tmp_path: Path, settings: Any) -> Path:
+    """A var folder, and a demo organization whose synthetic month is in already (these tests are about the
+    key; the concurrent ones above load the month)."""
+    settings.VAR_DIR = tmp_path / "var"
+    settings.MODEL_REPOSITORY = tmp_path / "var" / "models"
+    LedgerRequestFactory(organization=OrganizationFactory(slug="demo"))
+    return tmp_path / "var"
+
+
+def _live_demo_keys() -> set[str]:
+    return set(
+        ApiKey.objects.filter(
+            organization__slug="demo", revoked_at__isnull=True, scopes__contains="admin"
+        ).values_list("prefix", flat=True)
+    )
+
+
+@pytest.mark.django_db
+def test_four_starts_keep_one_live_demo_key_in_a_private_file(demo_var: Path) -> None:
+    key_file = demo_var / "demo-api-key"
     keys = []
     for _start in range(4):
-        done = manage(env, "bootstrap_demo")
-        assert done.returncode == 0, done.stderr[-3000:]
+        out = _bootstrap_demo()
         keys.append(key_file.read_text().strip())
         assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+        assert keys[-1] in out  # the README's first request names it
     assert len(set(keys)) == 1, "a start made another demo key"
-    assert _live_demo_key_prefixes(database_url) == {keys[0].split("_")[1]}
-    # The kept key is the one the later starts name, and it still authenticates.
-    assert keys[0] in done.stdout
-    check = manage(
-        env, "shell", "-c", f"from tenancy.selectors import api_key_lookup as f; print(f({keys[0]!r}))"
-    )
-    assert check.returncode == 0 and "demo:" in check.stdout, check.stdout + check.stderr
+    assert _live_demo_keys() == {keys[0].split("_")[1]}
+    found = api_key_lookup(keys[0])
+    assert found is not None and found.organization.slug == "demo"
 
 
-def test_a_demo_key_whose_file_is_gone_or_revoked_is_replaced(tmp_path: Path, database_url: str) -> None:
-    env = gateway_env(tmp_path / "var", database_url)
-    assert manage(env, "migrate", "--noinput").returncode == 0
-    key_file = tmp_path / "var" / "demo-api-key"
-    assert manage(env, "bootstrap_demo").returncode == 0
+@pytest.mark.django_db
+def test_a_demo_key_whose_file_is_gone_or_revoked_is_replaced(demo_var: Path) -> None:
+    key_file = demo_var / "demo-api-key"
+    _bootstrap_demo()
     first = key_file.read_text().strip()
-    done = manage(env, "revoke_api_key", first.split("_")[1])
-    assert done.returncode == 0, done.stderr
-    assert manage(env, "bootstrap_demo").returncode == 0
+    api_key_revoke(api_key=ApiKey.objects.get(prefix=first.split("_")[1]))
+    _bootstrap_demo()
     second = key_file.read_text().strip()
     assert second != first
-    assert _live_demo_key_prefixes(database_url) == {second.split("_")[1]}
+    assert _live_demo_keys() == {second.split("_")[1]}
+    key_file.unlink()
+    _bootstrap_demo()
+    third = key_file.read_text().strip()
+    assert third not in (first, second)
+    assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+    assert api_key_lookup(third) is not None
+
+
+@contextlib.contextmanager
+def _holding_the_setup_lock(database_url: str) -> Iterator[None]:
+    """The set-up lock, held by this test as another replica would hold it."""
+    if database_url.startswith("sqlite:///"):
+        path = Path(database_url[len("sqlite:///") :])
+        fd = os.open(path.with_name(f"{path.name}.setup.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+        return
+    import psycopg
+
+    from tenancy.locks import _NAMESPACE, KEYS
+
+    url = "postgresql" + database_url[database_url.index(":") :]
+    with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", ((_NAMESPACE << 32) | KEYS["setup"],))
+        yield
+
+
+def test_a_setup_waits_for_the_lock_another_process_holds_and_says_so(
+    tmp_path: Path, database_url: str
+) -> None:
+    env = gateway_env(tmp_path / "var", database_url)
+    log_path = tmp_path / "setup.log"
+    with _holding_the_setup_lock(database_url), open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [PYTHON, "manage.py", "setup"], cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            assert wait_until(lambda: "waiting for the setup lock" in log_path.read_text(), 120), (
+                log_path.read_text()[-2000:]
+            )
+            time.sleep(1.0)
+            assert proc.poll() is None, "setup went on without the lock"
+            assert "Applying" not in log_path.read_text()
+        except BaseException:
+            proc.kill()
+            raise
+    assert proc.wait(300) == 0, log_path.read_text()[-3000:]
+    assert "set-up done" in log_path.read_text()
+    _assert_schema_complete(env)

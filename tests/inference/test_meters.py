@@ -424,8 +424,8 @@ def make_rapl(root: Path, packages: int = 1, dram: bool = True) -> Path:
 
 def test_rapl_reads_package_energy_in_joules(tmp_path: Path) -> None:
     root = make_rapl(tmp_path)
-    meter = RaplMeter(0, root=root, include_dram=False)
-    assert meter.device_id == "rapl:intel-rapl:0"
+    meter = RaplMeter(0, root=root, include_dram=False, host_id="node-7")
+    assert meter.device_id == "rapl:node-7:intel-rapl:0"
     assert (meter.method, meter.measured, meter.relative_uncertainty) == ("rapl", True, 0.05)
     meter.start()
     set_energy(root / "intel-rapl:0", 3_500_000)
@@ -892,10 +892,10 @@ def test_detect_meters_lists_each_gpu_with_its_method(tmp_path: Path) -> None:
 
 def test_detect_meters_uses_each_rapl_package(tmp_path: Path) -> None:
     root = make_rapl(tmp_path, packages=2)
-    detection = probe_meters(sources=("rapl", "cpu-model"), rapl_root=root)
+    detection = probe_meters(sources=("rapl", "cpu-model"), rapl_root=root, host_id="node-7")
     assert [(m.device_id, why) for m, why in detection.meters] == [
-        ("rapl:intel-rapl:0", f"rapl: package-0 + dram at {root / 'intel-rapl:0'}"),
-        ("rapl:intel-rapl:1", f"rapl: package-1 + dram at {root / 'intel-rapl:1'}"),
+        ("rapl:node-7:intel-rapl:0", f"rapl: package-0 + dram at {root / 'intel-rapl:0'}"),
+        ("rapl:node-7:intel-rapl:1", f"rapl: package-1 + dram at {root / 'intel-rapl:1'}"),
     ]
     detection.close_all()
 

@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from tests.support.gateway_process import (
     GatewayProcess,
     LedgerDatabase,
@@ -76,7 +74,7 @@ def test_dashboard_and_api_traffic_books_no_energy_beyond_idle_while_inference_d
         ("GET", "/api/v1/ledger/requests", None, auth),
         ("GET", "/api/v1/whoami", None, auth),
         ("GET", "/accounts/login/", None, {}),  # a dashboard page, rendered by Django
-        ("GET", "/api/schema/", None, auth),
+        ("GET", "/api/docs/", None, {}),
     ]
     infer = [("POST", "/v2/models/linear/infer", infer_body(), {**auth, "Content-Type": "application/json"})]
     with GatewayProcess(env, tmp_path / "gateway.log").start(60) as gateway:

@@ -201,6 +201,20 @@ def test_a_histogram_puts_each_value_in_the_first_bucket_it_does_not_exceed(
     assert hist.sum == pytest.approx(n * sum(samples))
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=10**11), max_size=60))
+def test_a_batch_observed_in_nanoseconds_lands_where_each_value_in_microseconds_would(
+    values_ns: list[int],
+) -> None:
+    batch, each = Histogram(LATENCY_BUCKETS_US), Histogram(LATENCY_BUCKETS_US)
+    batch.observe_ns(values_ns)
+    for ns in values_ns:
+        each.observe(ns / 1000)
+    assert batch.cumulative() == each.cumulative()
+    assert batch.count == each.count == len(values_ns)
+    assert batch.sum == pytest.approx(each.sum)
+
+
 # -- energy and CO2e ------------------------------------------------------------------------------
 
 
@@ -223,7 +237,7 @@ def test_energy_and_location_co2e_counters_move_with_traffic_and_match_the_spool
         assert (
             value(moved, "carbonledger_inference_co2e_location_grams_total", model="linear", version="1") > 0
         )
-        assert value(moved, "carbonledger_grid_intensity_g_per_kwh", zone="FR") == 52.0
+        assert value(moved, "carbonledger_co2e_location_intensity_g_per_kwh", zone="FR") == 52.0
     # Stopped: the recorder closed and spooled its last interval, so the spool and the counters are final.
     final = parse_exposition(gateway.metrics().decode())
     records = spooled_records(spool_dir)
@@ -268,7 +282,7 @@ def test_energy_closed_while_no_intensity_is_known_is_counted_as_unpriced(
     assert metered_uj > 0
     assert value(final, "carbonledger_co2e_location_unpriced_joules_total") == metered_uj / 1e6
     assert value(final, "carbonledger_inference_co2e_location_grams_total", model="linear", version="1") == 0
-    assert not values(final, "carbonledger_grid_intensity_g_per_kwh")  # declared, no sample: unknown
+    assert not values(final, "carbonledger_co2e_location_intensity_g_per_kwh")  # declared, no sample: unknown
 
 
 def test_the_request_path_never_waits_for_the_energy_counters(

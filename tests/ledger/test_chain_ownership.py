@@ -158,6 +158,9 @@ def test_a_writer_whose_lease_was_taken_over_writes_nothing(tmp_path: Path) -> N
     assert writer.fenced and writer.lease_lost_total == 1
     assert writer.ownership is not None and writer.ownership.lost
     assert writer.ownership.snapshot()["fenced_commits_total"] == 1
+    metrics = "\n".join(writer.ownership.prometheus_lines())
+    assert f'carbonledger_ledger_chain_lease_held{{chain="{spool.chain_id}"}} 0' in metrics
+    assert f'carbonledger_ledger_chain_fenced_commits_total{{chain="{spool.chain_id}"}} 1' in metrics
     assert chain_lease(spool.chain_id).owner == OTHER  # type: ignore[union-attr]
     assert [r.broken for r in verify_all()] == [None]
     spool.close()

@@ -10,12 +10,19 @@ PostgreSQL database in the suite's PostgreSQL run), never pytest-django's, with 
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import os
 import re
 import shutil
+import signal
+import sqlite3
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
+import psycopg
 import pytest
 
 from tests.support.gateway_process import (
@@ -32,7 +39,8 @@ from tests.support.gateway_process import (
 # Subprocesses on their own databases: pytest-django's test database is never touched.
 pytestmark = pytest.mark.django_db(False)
 
-TTL_S = 2.0
+# Short, for the test's sake; long enough that a loaded machine does not starve a renewal (every TTL_S / 3).
+TTL_S = 5.0
 EXIT_CHAIN_HELD = 75  # ledger.ownership.EXIT_CHAIN_HELD, without importing Django code into the test process
 
 
@@ -61,6 +69,54 @@ def _served(address: tuple[str, int], key: str, n: int) -> list[str]:
         assert status == 200, body
         ids.append(orjson.loads(body)["parameters"]["ledger_id"])
     return ids
+
+
+def _set_lease(database_url: str, chain_id: str, seconds: float, new_owner: str | None = None) -> None:
+    """Set the chain's lease to run ``seconds`` from now; with ``new_owner``, as that owner's, the token one up
+    (another process that took the chain over)."""
+    name = f"chain:{chain_id}"
+    owner_sql = ", owner = %s, token = token + 1" if new_owner is not None else ""
+    if database_url.startswith("sqlite:///"):
+        until = (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%d %H:%M:%S.%f")
+        params = (until, new_owner, name) if new_owner is not None else (until, name)
+        conn = sqlite3.connect(database_url.removeprefix("sqlite:///"), timeout=20)
+        try:
+            sql = f"UPDATE tenancy_lease SET expires_at = %s{owner_sql} WHERE name = %s".replace("%s", "?")
+            conn.execute(sql, params)
+            conn.commit()
+        finally:
+            conn.close()
+        return
+    with psycopg.connect("postgresql" + database_url[database_url.index(":") :], autocommit=True) as conn:
+        conn.execute(
+            f"UPDATE tenancy_lease SET expires_at = clock_timestamp() + make_interval(secs => %s){owner_sql} "
+            "WHERE name = %s",
+            (seconds, new_owner, name) if new_owner is not None else (seconds, name),
+        )
+
+
+def _metric(address: tuple[str, int], name: str) -> int | None:
+    conn = http.client.HTTPConnection(*address, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        body = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    match = re.search(rf"^{name}{{[^}}]*}} (\d+)$", body, re.MULTILINE)
+    return int(match[1]) if match else None
+
+
+def _drainer_pids(gateway_pid: int) -> list[int]:
+    """The drain_ledger processes a gateway started (in sessions of their own, so not in its process group)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"drain_ledger" in argv and str(gateway_pid).encode() in argv:
+                pids.append(int(entry.name))
+    return pids
 
 
 def _all_once(db: LedgerDatabase, ids: list[str]) -> bool:
@@ -110,6 +166,7 @@ def test_a_gateway_on_a_copy_of_a_running_gateways_spool_refuses_to_start_while_
         answered = before + outcomes.ok_ids + after
         assert wait_until(lambda: _all_once(db, answered), 30), first.log_tail()
         assert _lease(db, chain_id) == (holder, token)
+        assert _metric(first.address, "carbonledger_ledger_chain_lease_held") == 1
         assert first.terminate(), first.log_tail()
 
     assert db.query(f"SELECT COUNT(*) FROM carbonledger_ledgerchain WHERE chain_id = '{chain_id}'") == [(1,)]
@@ -129,15 +186,61 @@ def test_a_gateway_killed_and_started_again_on_its_own_spool_takes_its_chain_bac
         before = _served(first.address, key, 5)
         chain_id = (var_dir / "spool" / "chain_id").read_text().strip()
         holder, token = _lease(db, chain_id)
-        first.kill()  # SIGKILL: the lease is not released
+        assert first.proc is not None
+        drainers = _drainer_pids(first.proc.pid)
+        assert len(drainers) == 1, drainers
+        # SIGKILL, the drainer too (a container killed whole): nothing releases the lease, which must expire.
+        os.kill(drainers[0], signal.SIGKILL)
+        first.kill()
+    # As if the last renewal came just before the kill, with a longer lease than the start-up of the next
+    # process takes on a loaded machine; that one waits up to its own lease time (30 s) for it.
+    _set_lease(database_url, chain_id, 20.0)
+    killed = time.monotonic()
 
-    with GatewayProcess(env, tmp_path / "second.log") as second:
+    with GatewayProcess({**env, "LEDGER_CHAIN_LEASE_TTL_S": "30"}, tmp_path / "second.log") as second:
         second.start(timeout_s=60)
         owner, new_token = _lease(db, chain_id)
         assert owner != holder and new_token == token + 1
+        assert "waiting for that lease to expire" in (tmp_path / "second.log").read_text()
+        assert time.monotonic() - killed > 19  # it waited for the lease, and did not take it live
         after = _served(second.address, key, 5)
         assert wait_until(lambda: _all_once(db, before + after), 30), second.log_tail()
         assert second.terminate(), second.log_tail()
+
+    verified = manage(env, "verify_ledger")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_gateway_whose_chain_is_taken_over_keeps_serving_but_writes_nothing_and_shows_it(
+    tmp_path: Path, database_url: str
+) -> None:
+    db = _ledger_db(database_url)
+    var_dir = tmp_path / "var"
+    env = _env(var_dir, database_url)
+    key = prepare_gateway(env)
+    with GatewayProcess(env, tmp_path / "gateway.log") as gateway:
+        gateway.start()
+        before = _served(gateway.address, key, 3)
+        assert wait_until(lambda: _all_once(db, before), 20), gateway.log_tail()
+        chain_id = (var_dir / "spool" / "chain_id").read_text().strip()
+        assert _metric(gateway.address, "carbonledger_ledger_chain_lease_held") == 1
+
+        # Another process took the chain over (this one stalled past its lease, say).
+        _set_lease(database_url, chain_id, 600.0, new_owner="replica-b:4242:0123456789ab")
+        after = _served(gateway.address, key, 3)  # still answered: the spool keeps them
+
+        assert wait_until(
+            lambda: _metric(gateway.address, "carbonledger_ledger_chain_lease_held") == 0, 20
+        ), gateway.log_tail()
+        time.sleep(2 * TTL_S)  # time enough for a drainer that still wrote to write them
+        counts = db.request_id_counts()
+        assert not any(counts[i] for i in after), "a fenced gateway wrote to a chain it no longer holds"
+        assert all(counts[i] == 1 for i in before)
+        log = (tmp_path / "gateway.log").read_text()
+        assert "replica-b:4242:0123456789ab" in log and "ledger writer stopped" in log, gateway.log_tail()
+        assert "not restarted" in log
+        assert _lease(db, chain_id) == ("replica-b:4242:0123456789ab", 2)
+        gateway.terminate()
 
     verified = manage(env, "verify_ledger")
     assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -85,14 +85,15 @@ def test_revoke_api_key_command_revokes_by_prefix() -> None:
 
 def test_bootstrap_demo_creates_the_demo_org_models_and_a_key(tmp_path, settings) -> None:
     settings.MODEL_REPOSITORY = tmp_path / "models"
+    settings.VAR_DIR = tmp_path  # where the demo key is kept
     out = StringIO()
     call_command("bootstrap_demo", stdout=out)
     raw = out.getvalue().strip().splitlines()[-1].rsplit(" ", 1)[-1]
     key = selectors.api_key_lookup(raw)
     assert key is not None and key.organization.slug == "demo"
     assert {p.name for p in settings.MODEL_REPOSITORY.iterdir()} >= {"digits", "digits_int8", "linear"}
-    call_command("bootstrap_demo", stdout=StringIO())  # twice is fine: one org, a second key
-    assert ApiKey.objects.filter(organization__slug="demo").count() == 2
+    call_command("bootstrap_demo", stdout=StringIO())  # twice is fine: one org, the same key
+    assert ApiKey.objects.filter(organization__slug="demo").count() == 1
 
 
 def test_rest_api_authenticates_with_the_same_keys() -> None:

@@ -62,6 +62,18 @@ def test_reclaiming_our_own_live_lease_extends_it_and_keeps_the_token() -> None:
     assert again.expires_at > first.expires_at + timedelta(seconds=50)
 
 
+def test_reclaiming_our_own_lease_that_lapsed_with_nobody_taking_it_keeps_the_token() -> None:
+    # A drainer process claiming as its gateway's owner after a pause longer than the lease: still one writer.
+    first = claim_lease("chain:a", owner="host:1:aa", ttl_s=30)
+    _expire("chain:a")
+
+    again = claim_lease("chain:a", owner="host:1:aa", ttl_s=30)
+
+    assert again.token == first.token and again.expires_at > db_now()
+    with transaction.atomic():
+        check_lease(first)
+
+
 def test_a_second_claimant_of_a_live_lease_gets_lease_held_naming_the_holder() -> None:
     held = claim_lease("chain:a", owner="host:1:aa", ttl_s=30)
 

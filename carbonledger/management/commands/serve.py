@@ -8,15 +8,27 @@ import uvicorn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from carbonledger.asgi import application
 from inference.http_protocol import CoalescingHttpToolsProtocol
 
 
 class Command(BaseCommand):
-    help = "Run the ASGI server (gateway + Django) with the settings measured fastest here."
+    help = (
+        "Run the ASGI server with the settings measured fastest here: the gateway (/v2, /metrics) and Django "
+        "(dashboard, API) with --role all (the default), one of them with --role gateway or --role web "
+        "(docs/operations.md)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=None, help="defaults to $PORT, else 8000")
+        parser.add_argument(
+            "--role",
+            choices=("all", "gateway", "web"),
+            default=None,
+            help="what this process serves: all (the default, from $CARBONLEDGER_ROLE), gateway (/v2 and "
+            "/metrics) or web (the dashboard and the API)",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
 
@@ -50,6 +62,10 @@ class Command(BaseCommand):
             max_header_bytes=settings.GATEWAY_MAX_HEADER_BYTES,
             max_connections=settings.GATEWAY_MAX_CONNECTIONS,
         )
+        # uvicorn imports the module by this name, so it serves the very router set here (the API's live model
+        # statistics find the gateway through it too).
+        application.role = opts["role"] or settings.SERVER_ROLE
+        self.stderr.write(f"serving the role {application.role} on {opts['host']}:{port}")
         uvicorn.run(
             "carbonledger.asgi:application",
             host=opts["host"],
