@@ -426,3 +426,37 @@ def test_the_learned_idle_power_does_not_carry_the_start_up_interval_for_long(tm
     # 0.8 old + 0.2 new was still at 2.6 W after three quiet seconds.
     assert learned == pytest.approx([5.0, 2.6, 0.2, 0.2, 0.2, 0.2])
     assert dev.accountant.idle_power_w == pytest.approx(0.2)
+
+
+class FakeGpu(FakeMeter):
+    """A fake NVML meter for GPU ``index``."""
+
+    def __init__(self, clock: list[int], index: int) -> None:
+        super().__init__(clock)
+        self._device_id = f"GPU-fake-{index}"
+        self._gpu_index = index
+
+    @property
+    def method(self) -> Any:
+        return "nvml-counter"
+
+    def device_info(self) -> dict[str, str]:
+        return {"name": "fake gpu", "index": str(self._gpu_index), "uuid": self.device_id}
+
+
+def test_a_gpu_model_is_charged_to_the_gpu_its_instance_group_names(tmp_path: Path) -> None:
+    clock = [1_000_000_000]
+    spool = Spool(tmp_path / "spool")
+    recorder = LedgerRecorder(
+        spool,
+        [(FakeGpu(clock, 0), "test"), (FakeGpu(clock, 1), "test")],
+        RecorderOptions(sample_interval_s=3600),
+        clock_ns=lambda: clock[0],
+    )
+    on_gpu = SimpleNamespace(
+        parameters={}, config_dict={"instance_group": [{"kind": "KIND_GPU", "count": 1, "gpus": [1]}]}
+    )
+    default_gpu = SimpleNamespace(parameters={}, config_dict={"instance_group": [{"kind": "KIND_GPU"}]})
+    assert recorder.device_for(on_gpu).device_id == "GPU-fake-1"  # type: ignore[arg-type]
+    assert recorder.device_for(default_gpu).device_id == "GPU-fake-0"  # type: ignore[arg-type]
+    spool.close()
