@@ -214,11 +214,17 @@ class LedgerRecorder:
             log.warning(
                 "model %s asks for device %r, which has no meter; using the default", spec.name, wanted
             )
-        kinds = {g.get("kind", "KIND_CPU") for g in spec.config_dict.get("instance_group", [])}
-        if "KIND_GPU" in kinds:
-            for dev in self.devices:
-                if dev.kind == "gpu":
+        groups = spec.config_dict.get("instance_group", [])
+        if any(g.get("kind", "KIND_CPU") == "KIND_GPU" for g in groups):
+            gpus = [dev for dev in self.devices if dev.kind == "gpu"]
+            # The GPU the first KIND_GPU group names (its NVML index), else the first metered GPU. A model whose
+            # instances span several GPUs is charged to that one: one gateway per GPU is the policy.
+            named = [str(i) for g in groups if g.get("kind") == "KIND_GPU" for i in g.get("gpus", [])]
+            for dev in gpus:
+                if named and dev.meter.device_info().get("index") == named[0]:
                     return dev
+            if gpus:
+                return gpus[0]
         for dev in self.devices:
             if dev.kind == "cpu":
                 return dev
