@@ -378,10 +378,12 @@ def test_perf_analyzer_over_grpc_validates_every_answer(gateway: GrpcGateway, tm
         expected.append({"y": {"content": linear_reference(x).ravel().tolist(), "shape": [256]}})
     data = tmp_path / "data.json"
     data.write_text(json.dumps({"data": rows, "validation_data": expected}))
+    # What is checked is every answer (validation_data), not the timing: on a shared host the windows' latencies
+    # vary far beyond any stability test, so 999 % lets any three windows count.
     argv = [
         str(PERF_ANALYZER), "-m", "linear", "-u", gateway.url, "-i", "grpc", "-b", "1",
-        "--concurrency-range", "4:4", "--measurement-interval", "1000", "--max-trials", "4",
-        "--stability-percentage", "100", "--input-data", str(data),
+        "--concurrency-range", "4:4", "--measurement-interval", "1000", "--max-trials", "8",
+        "--stability-percentage", "999", "--input-data", str(data),
         "-H", f"authorization: Bearer {gateway.key}",
     ]  # fmt: skip
     env = dict(os.environ, LD_LIBRARY_PATH=str(PERF_ANALYZER.parent / "pa_libs"))
