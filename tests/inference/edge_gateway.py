@@ -87,9 +87,9 @@ def build_repository(root: Path) -> Path:
 
 
 @contextmanager
-def serve_edge_gateway(root: Path) -> Iterator[tuple[str, BatchSpy]]:
+def serve_edge_gateway(root: Path, max_body: int = MAX_BODY) -> Iterator[tuple[str, BatchSpy]]:
     spy = BatchSpy()
-    gateway = Gateway(build_repository(root), GatewayOptions(max_body_bytes=MAX_BODY), None, hooks=[spy.hook])
+    gateway = Gateway(build_repository(root), GatewayOptions(max_body_bytes=max_body), None, hooks=[spy.hook])
     with serve_asgi(gateway) as address:
         yield address, spy
 
