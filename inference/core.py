@@ -188,11 +188,16 @@ class InferenceCore:
         batch can complete).
         """
         try:
-            req = decode_request(body, parse_header_length(header_length, len(body)))
+            req = self.decode(body, header_length)
         except InferenceError:
             mv.stats.record_failure("OTHER", time.monotonic_ns() - received)
             raise
         return self.submit_request(mv, req, principal, received, future)
+
+    @staticmethod
+    def decode(body: bytes, header_length: bytes | None) -> InferRequest:
+        """Decodes and checks an infer request body; touches nothing shared, so any thread may call it."""
+        return decode_request(body, parse_header_length(header_length, len(body)))
 
     def submit_request(
         self,
