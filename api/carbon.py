@@ -4,6 +4,7 @@ service or selector, and serialize; every object belongs to the caller's organiz
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -35,6 +36,7 @@ from carbon.selectors import (
     instrument_summary,
     rollup_series,
 )
+from inference import limits
 from tenancy.access import organization_of
 from tenancy.models import Device, Site
 from tenancy.services import ServiceError
@@ -458,7 +460,15 @@ def device_detail(request: Request, device_id: str) -> Response:
 # -- rollups and the carbon summary ----------------------------------------------------------------
 
 
-@doc("Time series from the hourly rollups", query=(*PERIOD, ("step", "str", "hour, day or month")))
+@doc(
+    "Time series from the hourly rollups",
+    query=(
+        *PERIOD,
+        ("step", "str", "hour, day or month"),
+        ("model", "str", "only this model (idle energy, at no model, is then left out)"),
+        ("site", "int", "only devices of this site (id)"),
+    ),
+)
 @api_view(["GET"])
 @permission_classes(READ_ADMIN_WRITES)
 def rollups(request: Request) -> Response:
@@ -468,6 +478,14 @@ def rollups(request: Request) -> Response:
     step = request.query_params.get("step", "day")
     if step not in ROLLUP_STEPS:
         raise ValidationError({"step": f"must be hour, day or month, got {step!r}"})
+    model = request.query_params.get("model") or None
+    if model is not None and len(model) > limits.MODEL_NAME_MAX_LENGTH:
+        raise ValidationError({"model": f"at most {limits.MODEL_NAME_MAX_LENGTH} characters"})
+    site = request.query_params.get("site") or None
+    # ASCII digits only and within a 64-bit id: str.isdigit() also takes "²" and numbers past the column.
+    if site is not None and not re.fullmatch(r"[0-9]{1,18}", site):
+        raise ValidationError({"site": "must be a site id"})
+    series = rollup_series(org_id, start, end, step, model=model, site_id=int(site) if site else None)
     return Response(
         {
             "start": start.isoformat(),
@@ -482,7 +500,7 @@ def rollups(request: Request) -> Response:
                     "location_co2e_g": row["location_co2e_g"],
                     "market_co2e_g": row["market_co2e_g"],
                 }
-                for row in rollup_series(org_id, start, end, step)
+                for row in series
             ],
         }
     )
@@ -498,11 +516,16 @@ def _total(total: co2e.Total) -> dict[str, Any]:
     }
 
 
-@doc("Scope 2 location- and market-based, SCI, factors used", query=PERIOD)
+@doc(
+    "Location- and market-based totals, by category (Scope 2, Scope 3 category 1), SCI, factors", query=PERIOD
+)
 @api_view(["GET"])
 @permission_classes(READ_ADMIN_WRITES)
 def carbon(request: Request) -> Response:
-    """Scope 2 location- and market-based side by side, SCI, and the factors used with attribution."""
+    """Location- and market-based CO2e side by side: ``total`` covers every category; ``by_category`` gives
+    ``scope2`` (Scope 2, ISO 14064-1 Category 2: owned and colocated sites) and ``scope3_cat1`` (Scope 3
+    category 1, ISO 14064-1 Category 4: cloud inference) apart. Also SCI and the factors used, with
+    attribution."""
     start, end = _period(request)
     try:
         summary = carbon_summary(organization_id(request), start, end)

@@ -139,13 +139,13 @@ def report_recalculate_view(request: Request, pk: int) -> Response:
     return Response(report_json(report), status=status.HTTP_202_ACCEPTED)
 
 
-@doc("Download one file of a report (pdf, csv or json)")
+@doc("Download one file of a report (pdf, csv, json or esrs-e1: the ESRS E1 datapoints as CSV)")
 @api_view(["GET"])
 @permission_classes(_PERMS)
 def report_file(request: Request, pk: int, fmt: str) -> HttpResponse:
     report = _mine(request, pk)
     if fmt not in ReportFile.FORMATS:
-        raise NotFound(f"no format {fmt!r}; choose pdf, csv or json")
+        raise NotFound(f"no format {fmt!r}; choose {', '.join(ReportFile.FORMATS)}")
     file = selectors.file_of(report, fmt)
     if file is None:
         raise NotFound(f"report {pk} has no {fmt} file (status: {report.status})")

@@ -102,7 +102,10 @@ def main() -> None:
             stderr = proc.stderr.read().decode() if proc.stderr else ""
             if status != 0:
                 raise SystemExit(f"generate_report failed: {stderr[-2000:]}")
-            sizes = {p.suffix.lstrip("."): p.stat().st_size for p in out.iterdir()}
+            sizes = {
+                "esrs-e1" if p.name.endswith("-esrs-e1.csv") else p.suffix.lstrip("."): p.stat().st_size
+                for p in out.iterdir()
+            }
             runs.append(
                 {"wall_s": round(wall_s, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "sizes": sizes}
             )

@@ -33,7 +33,7 @@ Times are timezone-aware datetimes; they are converted to UTC on construction an
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import (
@@ -64,6 +64,7 @@ __all__ = [
     "RELEVANT_CRITERIA",
     "AmbiguousFactor",
     "Consumption",
+    "Disclosure",
     "ExcludedInstrument",
     "Factor",
     "FactorChoice",
@@ -485,6 +486,11 @@ class Instrument:
     mwh: Decimal | None
     intensity_g_per_kwh: Decimal
     quality_criteria: dict[str, bool] = field(default_factory=dict)
+    #: Facility MWh per whole UTC hour, as granular (time-stamped) certificates or a supplier's hourly
+    #: figures give them; ``None`` for an instrument matched over its whole vintage. Where given, the
+    #: instrument covers at most an hour's volume in that hour (what the hour does not use expires, it is
+    #: not moved to another hour) and ``mwh`` must be the sum of the volumes.
+    hourly_mwh: Mapping[datetime, Decimal] | None = None
 
     def __post_init__(self) -> None:
         _one_of(self.kind, _KINDS, "kind")
@@ -509,6 +515,34 @@ class Instrument:
             if not isinstance(value, bool):
                 raise TypeError(f"instrument {self.instrument_id}: criterion {key!r} must be a bool")
         _set(self, "quality_criteria", criteria)
+        if self.hourly_mwh is not None:
+            _set(self, "hourly_mwh", self._checked_hours(self.hourly_mwh, start, end))
+
+    def _checked_hours(
+        self, hourly: Mapping[datetime, Decimal], start: datetime, end: datetime
+    ) -> dict[datetime, Decimal]:
+        hours: dict[datetime, Decimal] = {}
+        for key, volume in hourly.items():
+            hour = _utc(key, f"instrument {self.instrument_id}: hour")
+            if not _on_the_hour(hour):
+                raise ValueError(
+                    f"instrument {self.instrument_id}: hourly volume at {hour.isoformat()} is not on a whole UTC hour"
+                )
+            if not start <= hour < end:
+                raise ValueError(
+                    f"instrument {self.instrument_id}: hourly volume at {hour.isoformat()} is outside its vintage"
+                )
+            if hour in hours:
+                raise ValueError(f"instrument {self.instrument_id}: two volumes for {hour.isoformat()}")
+            hours[hour] = _non_negative(
+                volume, f"instrument {self.instrument_id}: volume at {hour.isoformat()}"
+            )
+        total = _sum(hours.values())
+        if self.mwh != total:
+            raise ValueError(
+                f"instrument {self.instrument_id}: mwh ({self.mwh}) must be the sum of its hourly volumes ({total})"
+            )
+        return dict(sorted(hours.items()))
 
 
 @dataclass(frozen=True)
@@ -635,6 +669,50 @@ class ExcludedInstrument:
     reasons: tuple[str, ...]
 
 
+QuantityKind = Literal["energy_kwh", "intensity_g_per_kwh"]
+#: How a quantity of each kind is written into a disclosure's exact text (what JSON and CSV keep).
+EXACT_QUANTITY: Final[Mapping[QuantityKind, Callable[[Decimal], str]]] = {
+    "energy_kwh": lambda kwh: f"{report_kwh(kwh)} kWh",
+    "intensity_g_per_kwh": lambda g: f"{g} g/kWh",
+}
+
+
+class Disclosure(str):
+    """A sentence the market-based method asks a report to print. It is its exact text (numbers as the core
+    holds them, what JSON and CSV keep), and it keeps the template and the quantities it was made from, so
+    that the text shown to people is made where it is shown, with the one number formatter
+    (:meth:`text`): this core does arithmetic and formats nothing for people."""
+
+    template: str
+    words: dict[str, str]
+    quantities: dict[str, tuple[QuantityKind, Decimal]]
+
+    def __new__(
+        cls,
+        template: str,
+        words: Mapping[str, str] | None = None,
+        quantities: Mapping[str, tuple[QuantityKind, Decimal]] | None = None,
+    ) -> Disclosure:
+        words, quantities = dict(words or {}), dict(quantities or {})
+        made = super().__new__(cls, _fill(template, words, quantities, EXACT_QUANTITY))
+        made.template, made.words, made.quantities = template, words, quantities
+        return made
+
+    def text(self, formats: Mapping[QuantityKind, Callable[[Decimal], str]]) -> str:
+        """The sentence with each quantity written by ``formats`` (by kind of quantity)."""
+        return _fill(self.template, self.words, self.quantities, formats)
+
+
+def _fill(
+    template: str,
+    words: Mapping[str, str],
+    quantities: Mapping[str, tuple[QuantityKind, Decimal]],
+    formats: Mapping[QuantityKind, Callable[[Decimal], str]],
+) -> str:
+    shown = {name: formats[kind](value) for name, (kind, value) in quantities.items()}
+    return template.format(**words, **shown)
+
+
 @dataclass(frozen=True)
 class MarketResult:
     """Market-based result: lines in chronological order, totals per scope category and overall, use of each
@@ -646,7 +724,7 @@ class MarketResult:
     total: Total
     instruments_used: tuple[InstrumentUse, ...]
     excluded: tuple[ExcludedInstrument, ...]
-    disclosures: tuple[str, ...]
+    disclosures: tuple[Disclosure, ...]
 
     @property
     def covered_mwh(self) -> dict[str, Decimal]:
@@ -1005,9 +1083,12 @@ def instrument_problems(instrument: Instrument) -> tuple[str, ...]:
 
 
 def _application_order(instrument: Instrument) -> tuple[int, str]:
-    # PPAs, then supplier rates with a quantity, then certificates, each by id; unlimited supplier rates last,
-    # as the default for whatever the quantity-limited instruments leave (else they would leave nothing).
-    if instrument.kind == "PPA":
+    # Hourly volumes first (carbon-free ones before the others), since what an hour does not use expires;
+    # then PPAs, supplier rates with a quantity, certificates, each by id; unlimited supplier rates last, as
+    # the default for whatever the quantity-limited instruments leave (else they would leave nothing).
+    if instrument.hourly_mwh is not None:
+        rank = -2 if instrument.intensity_g_per_kwh == 0 else -1
+    elif instrument.kind == "PPA":
         rank = 0
     elif instrument.kind == "supplier_rate":
         rank = 1 if instrument.mwh is not None else 3
@@ -1068,6 +1149,12 @@ class _Allocation:
             i.instrument_id: None if i.mwh is None else _mul(i.mwh, J_PER_MWH) for i in valid
         }
         self._covered_j: dict[str, Decimal] = {i.instrument_id: _ZERO for i in valid}
+        # What is left of each hour's volume, for the instruments that carry hourly volumes.
+        self._hour_left_j: dict[str, dict[datetime, Decimal]] = {
+            i.instrument_id: {hour: _mul(mwh, J_PER_MWH) for hour, mwh in i.hourly_mwh.items()}
+            for i in valid
+            if i.hourly_mwh is not None
+        }
 
     def allocate(
         self, piece: Consumption, energy_j: Decimal, *, counted: bool
@@ -1084,12 +1171,18 @@ class _Allocation:
                 instrument.vintage_start <= piece.start < instrument.vintage_end
             ):
                 continue
-            capacity = self._remaining_j[instrument.instrument_id]
+            remaining = self._remaining_j[instrument.instrument_id]
+            hours = self._hour_left_j.get(instrument.instrument_id)
+            # Slices never cross an hour (split_by_hour): the hour of the start is the slice's hour.
+            hour = _floor_hour(piece.start)
+            capacity = remaining if hours is None else hours.get(hour, _ZERO)
             take = left_j if capacity is None else min(left_j, capacity)
             if take == 0:
                 continue
-            if capacity is not None:
-                self._remaining_j[instrument.instrument_id] = _sub(capacity, take)
+            if remaining is not None:
+                self._remaining_j[instrument.instrument_id] = _sub(remaining, take)
+            if hours is not None:
+                hours[hour] = _sub(hours[hour], take)
             left_j = _sub(left_j, take)
             if counted:
                 self._covered_j[instrument.instrument_id] = _EXACT.add(
@@ -1195,7 +1288,7 @@ class _MarketBook:
             )
         )
 
-    def disclosures(self) -> tuple[str, ...]:
+    def disclosures(self) -> tuple[Disclosure, ...]:
         """What a report must print alongside the result, in a fixed order: grid averages used (by zone and
         year), residual mixes stating no uncertainty, categories that received no instrument."""
         disclosures = [
@@ -1205,29 +1298,44 @@ class _MarketBook:
         for (zone, year), mix in sorted(self.residual_used.items()):
             if mix.relative_uncertainty == 0:
                 disclosures.append(
-                    f"The residual mix for zone {zone} in {year} ({mix.source}) states no uncertainty; the "
-                    "uncertainty of that share covers metering and PUE only."
+                    Disclosure(
+                        "The residual mix for zone {zone} in {year} ({source}) states no uncertainty; the "
+                        "uncertainty of that share covers metering and PUE only.",
+                        {"zone": zone, "year": str(year), "source": mix.source},
+                    )
                 )
         for category in SCOPE_CATEGORIES:
             if category in self.uncovered_categories:
                 disclosures.append(
-                    f"Contractual instruments were not applied to {category} consumption "
-                    f"({ISO_14064_CATEGORY[category]}); it is valued at the residual mix or grid average."
+                    Disclosure(
+                        "Contractual instruments were not applied to {category} consumption "
+                        "({iso_category}); it is valued at the residual mix or grid average.",
+                        {"category": category, "iso_category": ISO_14064_CATEGORY[category]},
+                    )
                 )
         return tuple(disclosures)
 
 
-def _grid_average_disclosure(zone: str, year: int, choice: FactorChoice, energy_j: Decimal) -> str:
+def _grid_average_disclosure(zone: str, year: int, choice: FactorChoice, energy_j: Decimal) -> Disclosure:
     factor = choice.factor
-    text = (
-        f"No residual mix for zone {zone} in {year}: {report_kwh(_div(energy_j, J_PER_KWH))} kWh valued at "
-        f"the location-based grid average ({factor.factor_id}, {factor.intensity_g_per_kwh} g/kWh, "
-        f"{factor.source}) instead. A grid average still contains attributes claimed by others, so this "
-        "market-based figure double counts them (GHG Protocol Scope 2 Guidance, Quality Criterion 8)."
+    template = (
+        "No residual mix for zone {zone} in {year}: {energy} valued at the location-based grid average "
+        "({factor_id}, {intensity}, {source}) instead. A grid average still contains attributes claimed by "
+        "others, so this market-based figure double counts them (GHG Protocol Scope 2 Guidance, Quality "
+        "Criterion 8)."
     )
+    words = {"zone": zone, "year": str(year), "factor_id": factor.factor_id, "source": factor.source}
     if choice.notes:
-        text += " Factor notes: " + "; ".join(choice.notes) + "."
-    return text
+        template += " Factor notes: {notes}."
+        words["notes"] = "; ".join(choice.notes)
+    return Disclosure(
+        template,
+        words,
+        {
+            "energy": ("energy_kwh", _div(energy_j, J_PER_KWH)),
+            "intensity": ("intensity_g_per_kwh", factor.intensity_g_per_kwh),
+        },
+    )
 
 
 def market_based(
@@ -1244,10 +1352,12 @@ def market_based(
     1. Instruments failing a relevant quality criterion (:func:`instrument_problems`) are excluded and
        returned with their reasons.
     2. Valid instruments are applied, in facility MWh (energy x PUE), to hour slices in chronological order;
-       for each slice they are tried in a fixed order: PPAs, supplier rates with a quantity, certificates
-       (REC, GO, I-REC), each group by ``instrument_id``, and finally supplier rates with ``mwh=None``. An
-       instrument applies to a slice of its own zone whose start lies in its vintage (at most MAX_VINTAGE
-       long, else it is excluded in step 1), until its MWh run out.
+       for each slice they are tried in a fixed order: instruments with hourly volumes (carbon-free ones
+       first), PPAs, supplier rates with a quantity, certificates (REC, GO, I-REC), each group by
+       ``instrument_id``, and finally supplier rates with ``mwh=None``. An instrument applies to a slice of
+       its own zone whose start lies in its vintage (at most MAX_VINTAGE long, else it is excluded in step
+       1), until its MWh run out; one with hourly volumes covers at most the slice's hour's volume, so it is
+       matched hour by hour (what an hour leaves expires) while the others are matched over their vintage.
        Only slices whose category is in ``instrument_categories`` (default: ``scope2`` only; the reporter's
        own instruments do not cover a cloud provider's electricity) receive instruments.
     3. What is left is valued at the residual mix of the slice's zone and UTC year. Where the zone has no

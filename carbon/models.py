@@ -130,6 +130,31 @@ class ContractualInstrument(models.Model):
         ]
 
 
+class InstrumentCertificate(models.Model):
+    """A granular (time-stamped) certificate of an instrument: energy produced in an interval of at most an
+    hour inside one UTC hour, matched in that hour. An instrument with certificates is matched hour by hour;
+    its ``mwh`` is their sum. Never edited; a certificate id appears once per instrument."""
+
+    instrument = models.ForeignKey(
+        ContractualInstrument, on_delete=models.PROTECT, related_name="certificates"
+    )
+    certificate_id = models.CharField(max_length=100)  # inference.limits.CERTIFICATE_ID_MAX_LENGTH
+    production_start = models.DateTimeField()
+    production_end = models.DateTimeField()
+    hour = models.DateTimeField()
+    energy_wh = models.BigIntegerField()
+    energy_source = models.CharField(max_length=32, blank=True)  # inference.limits.ENERGY_SOURCE_MAX_LENGTH
+    created_by = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["instrument", "hour", "certificate_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["instrument", "certificate_id"], name="certificate_instrument_id")
+        ]
+        indexes = [models.Index(fields=["instrument", "hour"], name="certificate_instrument_hour")]
+
+
 class HourlyRollup(models.Model):
     """Energy, requests and CO2e of one organization, site, device, model, metering method and UTC hour.
 

@@ -4,6 +4,8 @@ calculation uses, turned into the pure core's types (:mod:`carbon.co2e`), and ro
 from __future__ import annotations
 
 import bisect
+import functools
+import hashlib
 import threading
 import time
 from collections import defaultdict
@@ -11,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -18,12 +21,15 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Q, Sum
 
 from carbon import co2e
+from carbon.energy_mix import GenerationMix, parse_mix_csv
+from carbon.hourly import HourlyMatching, hourly_matching
 from carbon.inputs import rollup_consumption
 from carbon.models import (
     ContractualInstrument,
     EmissionFactor,
     FactorImport,
     HourlyRollup,
+    InstrumentCertificate,
     PueRecord,
     ResidualMix,
 )
@@ -149,21 +155,41 @@ class PueHistory:
         return records[max(index, 0)]
 
 
+def hourly_volumes(instrument_pks: Iterable[int]) -> dict[int, dict[datetime, Decimal]]:
+    """MWh per UTC hour of the instruments that hold granular certificates, by instrument pk."""
+    volumes: dict[int, dict[datetime, Decimal]] = defaultdict(dict)
+    rows = (
+        InstrumentCertificate.objects.filter(instrument_id__in=list(instrument_pks))
+        .values("instrument_id", "hour")
+        .annotate(wh=Sum("energy_wh"))
+        .order_by("instrument_id", "hour")
+    )
+    for row in rows:
+        volumes[row["instrument_id"]][row["hour"].astimezone(UTC)] = Decimal(row["wh"]).scaleb(-6)
+    return dict(volumes)
+
+
+def _core_instrument(
+    record: ContractualInstrument, hourly: dict[datetime, Decimal] | None
+) -> co2e.Instrument:
+    return co2e.Instrument(
+        instrument_id=record.instrument_id,
+        kind=record.kind,  # type: ignore[arg-type]
+        zone=record.zone,
+        vintage_start=record.vintage_start,
+        vintage_end=record.vintage_end,
+        # An instrument with certificates holds what they hold (the column follows each import).
+        mwh=record.mwh if hourly is None else sum(hourly.values(), Decimal(0)),
+        intensity_g_per_kwh=record.intensity_g_per_kwh,
+        quality_criteria=dict(record.quality_criteria),
+        hourly_mwh=hourly,
+    )
+
+
 def instruments_of(organization_id: int) -> tuple[list[co2e.Instrument], dict[str, ContractualInstrument]]:
     records = list(ContractualInstrument.objects.filter(organization_id=organization_id))
-    instruments = [
-        co2e.Instrument(
-            instrument_id=r.instrument_id,
-            kind=r.kind,  # type: ignore[arg-type]
-            zone=r.zone,
-            vintage_start=r.vintage_start,
-            vintage_end=r.vintage_end,
-            mwh=r.mwh,
-            intensity_g_per_kwh=r.intensity_g_per_kwh,
-            quality_criteria=dict(r.quality_criteria),
-        )
-        for r in records
-    ]
+    volumes = hourly_volumes(r.pk for r in records)
+    instruments = [_core_instrument(r, volumes.get(r.pk)) for r in records]
     return instruments, {r.instrument_id: r for r in records}
 
 
@@ -190,6 +216,16 @@ def residual_mixes_of(organization_id: int | None) -> list[co2e.ResidualMix]:
     ]
 
 
+MIX_FILE = Path(__file__).resolve().parent / "data" / "grid-intensity" / "owid_electricity_mix_2021_2023.csv"
+
+
+@functools.cache
+def generation_mixes() -> tuple[dict[str, GenerationMix], str]:
+    """The shipped generation mixes by zone (:mod:`carbon.energy_mix`) and the file's SHA-256."""
+    data = MIX_FILE.read_bytes()
+    return parse_mix_csv(data.decode("utf-8")), hashlib.sha256(data).hexdigest()
+
+
 def factor_attributions(
     factor_ids: Iterable[int] | None = None, *, organization_id: int | None = None
 ) -> list[dict[str, str]]:
@@ -208,9 +244,46 @@ def factor_attributions(
 # -- rollups -------------------------------------------------------------------------------------
 
 
-def rollup_totals(organization_id: int, start: datetime, end: datetime) -> dict[str, Any]:
-    """Totals of one organization over [start, end) from the hourly rollups."""
+def synthetic_share(organization_id: int) -> Decimal | None:
+    """The share of the organization's rolled-up energy that synthetic records (generated demo traffic) hold;
+    None when it has none, so pages of real traffic show nothing about them."""
+    if not HourlyRollup.objects.filter(organization_id=organization_id, synthetic=True).exists():
+        return None
+    totals = HourlyRollup.objects.filter(organization_id=organization_id).aggregate(
+        every=Sum("energy_uj"), made_up=Sum("energy_uj", filter=Q(synthetic=True))
+    )
+    every, made_up = totals["every"] or 0, totals["made_up"] or 0
+    return Decimal(made_up) / Decimal(every) if every > 0 else Decimal(1)
+
+
+def rollups_of(
+    organization_id: int,
+    start: datetime,
+    end: datetime,
+    *,
+    model: str | None = None,
+    site_id: int | None = None,
+) -> Any:
+    """The hourly rollups of one organization over [start, end), of one model and one site when given (a
+    model filter leaves idle energy out: it belongs to no model)."""
     qs = HourlyRollup.objects.filter(organization_id=organization_id, hour__gte=start, hour__lt=end)
+    if model:
+        qs = qs.filter(model=model)
+    if site_id is not None:
+        qs = qs.filter(site_id=site_id)
+    return qs
+
+
+def rollup_totals(
+    organization_id: int,
+    start: datetime,
+    end: datetime,
+    *,
+    model: str | None = None,
+    site_id: int | None = None,
+) -> dict[str, Any]:
+    """Totals of one organization over [start, end) from the hourly rollups (of one model, one site)."""
+    qs = rollups_of(organization_id, start, end, model=model, site_id=site_id)
     # Aliases differ from the field names: Django refuses an aggregate named like a field it sums.
     totals = qs.aggregate(
         n=Sum("requests"),
@@ -254,6 +327,9 @@ class CarbonSummary:
     rollup_rows: int
     rows: dict[str, HourlyRollup]  # by the tag (str(pk)) that every result line carries
     sites: dict[int, Any]
+    # Own operations' consumption matched hour by hour against hourly carbon-free instruments (the GHG
+    # Protocol Scope 2 revision's proposal, shown beside the annual method; not part of the inventory).
+    hourly_match: HourlyMatching
 
 
 MARKET_ERROR_PREFIX = "market-based: "
@@ -424,13 +500,22 @@ def carbon_summary(organization_id: int, start: datetime, end: datetime) -> Carb
         rollup_rows=len(rows),
         rows={str(r.pk): r for r in rows},
         sites=records.sites,
+        hourly_match=hourly_matching(counted.consumptions, records.instruments),
     )
 
 
 ROLLUP_STEPS = ("hour", "day", "month")
 
 
-def rollup_series(organization_id: int, start: datetime, end: datetime, step: str) -> list[dict[str, Any]]:
+def rollup_series(
+    organization_id: int,
+    start: datetime,
+    end: datetime,
+    step: str,
+    *,
+    model: str | None = None,
+    site_id: int | None = None,
+) -> list[dict[str, Any]]:
     """Totals per ``step`` (hour, day or month, UTC) over [start, end) from the hourly rollups: the series
     the dashboard's charts and the reports draw."""
     from django.db.models import F
@@ -440,7 +525,7 @@ def rollup_series(organization_id: int, start: datetime, end: datetime, step: st
         raise ValueError(f"step must be hour, day or month, got {step!r}")
     bucket = {"hour": F("hour"), "day": TruncDay("hour", tzinfo=UTC), "month": TruncMonth("hour", tzinfo=UTC)}
     rows = (
-        HourlyRollup.objects.filter(organization_id=organization_id, hour__gte=start, hour__lt=end)
+        rollups_of(organization_id, start, end, model=model, site_id=site_id)
         .annotate(t=bucket[step])
         .values("t")
         .order_by("t")
@@ -629,16 +714,8 @@ def grid_signal(site: Any, now: datetime, *, forecast: ZoneForecast | None = _US
 
 def instrument_summary(record: ContractualInstrument) -> dict[str, Any]:
     """An instrument as the API and the dashboard show it, with what keeps it from counting (if anything)."""
-    core = co2e.Instrument(
-        instrument_id=record.instrument_id,
-        kind=record.kind,  # type: ignore[arg-type]
-        zone=record.zone,
-        vintage_start=record.vintage_start,
-        vintage_end=record.vintage_end,
-        mwh=record.mwh,
-        intensity_g_per_kwh=record.intensity_g_per_kwh,
-        quality_criteria=dict(record.quality_criteria),
-    )
+    hourly = hourly_volumes([record.pk]).get(record.pk)
+    core = _core_instrument(record, hourly)
     problems = co2e.instrument_problems(core)
     return {
         "id": record.pk,
@@ -653,6 +730,8 @@ def instrument_summary(record: ContractualInstrument) -> dict[str, Any]:
         "retirement_evidence": record.retirement_evidence,
         "quality_criteria": record.quality_criteria,
         "required_criteria": list(co2e.RELEVANT_CRITERIA[core.kind]),
+        "hourly_matched": hourly is not None,
+        "certificate_hours": 0 if hourly is None else len(hourly),
         "usable": not problems,
         "problems": list(problems),
         "notes": record.notes,

@@ -17,12 +17,26 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from carbon import co2e
-from carbon.intensity_csv import MAX_ERRORS_KEPT, IntensityImportError, IntensityRow, parse_intensity_bytes
-from carbon.models import ContractualInstrument, EmissionFactor, FactorImport, PueRecord, ResidualMix
+from carbon.certificate_csv import parse_certificates
+from carbon.intensity_csv import (
+    MAX_ERRORS_KEPT,
+    IntensityImportError,
+    IntensityRow,
+    RowError,
+    parse_intensity_bytes,
+)
+from carbon.models import (
+    ContractualInstrument,
+    EmissionFactor,
+    FactorImport,
+    InstrumentCertificate,
+    PueRecord,
+    ResidualMix,
+)
 from carbon.provider_config import configured_providers
 from carbon.providers import IntensityProvider, ProviderError
 from carbon.selectors import factor_owners
@@ -365,6 +379,91 @@ def instrument_create(
         )
         _queue_recompute(organization.pk)
     return instrument
+
+
+class CertificateImportError(ServiceError):
+    """An import of hourly certificates was refused as a whole; ``errors`` are its first problems (line and
+    reason), ``count`` how many it has in all."""
+
+    def __init__(self, error: IntensityImportError) -> None:
+        self.errors = error.errors
+        self.count = error.count
+        shown = "; ".join(str(e) for e in error.errors[:5])
+        more = f"; and {error.count - 5} more" if error.count > 5 else ""
+        super().__init__(f"certificates rejected, nothing imported: {error.count} problem(s): {shown}{more}")
+
+
+# The column's bound (max_digits 16, 6 places) on the instrument's MWh, which becomes the certificates' sum.
+_MAX_INSTRUMENT_WH = 10**16 - 1
+
+
+def instrument_certificates_import(
+    *, instrument: ContractualInstrument, data: bytes, created_by: str = ""
+) -> int:
+    """Import granular (hourly) certificates of ``instrument`` from a CSV (:mod:`carbon.certificate_csv`),
+    all or nothing; returns how many were imported.
+
+    From then on the instrument is matched hour by hour: in each UTC hour it covers at most the energy of
+    its certificates of that hour, and its ``mwh`` becomes the sum of all its certificates. Refused with
+    :class:`CertificateImportError`, listing every problem by line: a bad row, an interval outside the
+    instrument's vintage, a certificate id the instrument already holds."""
+    try:
+        rows = parse_certificates(data)
+    except IntensityImportError as exc:
+        raise CertificateImportError(exc) from None
+    if not rows:
+        raise ServiceError("the file holds no certificate")
+    problems: list[RowError] = []
+    # All of the instrument's ids (an IN list of a whole file's ids would pass SQLite's variable limit).
+    held = set(
+        InstrumentCertificate.objects.filter(instrument=instrument).values_list("certificate_id", flat=True)
+    )
+    for row in rows:
+        if not instrument.vintage_start <= row.hour < instrument.vintage_end:
+            problems.append(
+                RowError(
+                    row.line,
+                    f"the hour {row.hour.isoformat()} is outside the vintage of {instrument.instrument_id}"
+                    f" ({instrument.vintage_start.isoformat()} to {instrument.vintage_end.isoformat()})",
+                )
+            )
+        if row.certificate_id in held:
+            problems.append(
+                RowError(
+                    row.line, f"certificate {row.certificate_id!r} was already imported for this instrument"
+                )
+            )
+    if problems:
+        raise CertificateImportError(IntensityImportError(problems))
+    with transaction.atomic():
+        locked = ContractualInstrument.objects.select_for_update().get(pk=instrument.pk)
+        earlier = InstrumentCertificate.objects.filter(instrument=locked).aggregate(wh=Sum("energy_wh"))["wh"]
+        total_wh = (earlier or 0) + sum(r.energy_wh for r in rows)
+        if total_wh > _MAX_INSTRUMENT_WH:
+            raise ServiceError(f"the certificates of {locked.instrument_id} would sum to more than 10^10 MWh")
+        if total_wh == 0:
+            raise ServiceError("the certificates hold no energy: an instrument must cover more than 0 MWh")
+        InstrumentCertificate.objects.bulk_create(
+            [
+                InstrumentCertificate(
+                    instrument=locked,
+                    certificate_id=r.certificate_id,
+                    production_start=r.production_start,
+                    production_end=r.production_end,
+                    hour=r.hour,
+                    energy_wh=r.energy_wh,
+                    energy_source=r.energy_source,
+                    created_by=created_by[:200],
+                )
+                for r in rows
+            ],
+            batch_size=_CREATE_BATCH,
+        )
+        locked.mwh = Decimal(total_wh).scaleb(-6)
+        locked.save(update_fields=["mwh"])
+        _queue_recompute(locked.organization_id)
+    instrument.refresh_from_db()
+    return len(rows)
 
 
 # -- sites and devices ---------------------------------------------------------------------------

@@ -4,10 +4,15 @@ Everything goes through the same chaining and bulk insert as the gateway's recor
 so ``verify_ledger`` checks it and the rollups read it like live traffic. What is synthetic is marked:
 request records carry ``synthetic=true``, devices carry ``info.synthetic`` (their idle lines inherit it).
 
-The shape: two sites (an owned site in France, a cloud region in US-VA), a GPU metered by NVML and a
-modelled CPU, the three demo models; traffic follows a day curve (busier in the afternoon, UTC); every
-minute is a metering interval of each device whose energy is exactly idle + the batches' shares, split over
-requests by work units, as the accountant does.
+The shape: two sites (an owned site in France, a cloud region in US-VA), a GPU and a CPU whose records carry
+the ``synthetic`` method (no meter measured them, so no report or page counts them as measured); traffic
+follows a day curve (busier in the afternoon, UTC); every minute is a metering interval of each device whose
+energy is exactly idle + the batches' shares, split over requests by work units, as the accountant does.
+
+What the devices serve is a workload: ``bench`` (the default) is the three small demo models, cheap to write
+by the million; ``demo`` adds a generative model whose requests take seconds of GPU time, so that a month of a
+few hundred thousand requests keeps the GPU busy about a fifth of the time and idle is 20-40 % of the devices'
+energy, as in a service sized for its load (``bench`` leaves the devices idle almost all the time).
 """
 
 from __future__ import annotations
@@ -32,9 +37,14 @@ from tenancy.services import ServiceError
 
 _INTERVAL_S = 60
 _NS = 1_000_000_000
+_BUSY_LIMIT_NS = (_INTERVAL_S - 1) * _NS
 # Bounds of one load: ten years of minutes, and a number of requests a benchmark can still wait for.
 MAX_DAYS = 3660
 MAX_REQUESTS = 100_000_000
+
+
+#: The method every synthetic record carries: no meter read it (see inference.meters for the real ones).
+SYNTHETIC_METHOD = "synthetic"
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,7 @@ class _Model:
     work_units: int  # per request (input elements)
     fixed_us: int  # batch time: fixed part
     per_request_us: int  # batch time: per request
+    max_batch: int = 16
 
 
 @dataclass(frozen=True)
@@ -55,14 +66,86 @@ class _Device:
     measured: bool
     relative_uncertainty: float
     idle_w: float
-    busy_w: float  # above idle, while a batch runs
+    busy_w: float  # the device's power while a batch runs
     site: str
 
 
-def _devices(slug: str) -> tuple[_Device, _Device]:
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model of a workload: the device kind it runs on, its share of the batches, its batch time."""
+
+    name: str
+    on: str  # "gpu" or "cpu"
+    weight: float
+    work_units: int
+    fixed_us: int
+    per_request_us: int
+    max_batch: int = 16
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the synthetic devices draw and serve."""
+
+    gpu_idle_w: float
+    gpu_busy_w: float
+    cpu_idle_w: float
+    cpu_busy_w: float
+    models: tuple[ModelSpec, ...]
+
+
+WORKLOADS: dict[str, Workload] = {
+    "bench": Workload(
+        32.0,
+        110.0,
+        12.0,
+        20.0,
+        (
+            ModelSpec("digits", "gpu", 0.5, 64, 400, 30),
+            ModelSpec("digits_int8", "gpu", 0.2, 64, 300, 15),
+            ModelSpec("linear", "cpu", 0.3, 4, 2000, 20),
+        ),
+    ),
+    # A GPU server with an 8B-parameter chat model beside the small models: a request generates about a
+    # thousand tokens (8 s of GPU time, batches of up to 4), the GPU draws 300 W busy and 30 W idle; the
+    # cloud CPU is a small instance slice (5 W idle).
+    "demo": Workload(
+        30.0,
+        300.0,
+        5.0,
+        25.0,
+        (
+            ModelSpec("assistant-8b", "gpu", 0.6, 1024, 0, 8_000_000, 4),
+            ModelSpec("digits", "gpu", 0.2, 64, 400, 30),
+            ModelSpec("digits_int8", "gpu", 0.08, 64, 300, 15),
+            ModelSpec("linear", "cpu", 0.12, 4, 2000, 20),
+        ),
+    ),
+}
+
+
+def _devices(slug: str, workload: Workload) -> tuple[_Device, _Device]:
     return (
-        _Device(f"synthetic-{slug}-gpu0", "gpu", "nvml-counter", True, 0.05, 32.0, 110.0, f"{slug}-paris"),
-        _Device(f"synthetic-{slug}-cpu0", "cpu", "modelled", False, 0.30, 12.0, 20.0, f"{slug}-cloud-us"),
+        _Device(
+            f"synthetic-{slug}-gpu0",
+            "gpu",
+            SYNTHETIC_METHOD,
+            False,
+            0.05,
+            workload.gpu_idle_w,
+            workload.gpu_busy_w,
+            f"{slug}-paris",
+        ),
+        _Device(
+            f"synthetic-{slug}-cpu0",
+            "cpu",
+            SYNTHETIC_METHOD,
+            False,
+            0.30,
+            workload.cpu_idle_w,
+            workload.cpu_busy_w,
+            f"{slug}-cloud-us",
+        ),
     )
 
 
@@ -70,11 +153,18 @@ def _devices(slug: str) -> tuple[_Device, _Device]:
 _VARIANTS = {"digits": "fp32", "digits_int8": "int8"}
 
 
-def _models(gpu: str, cpu: str) -> tuple[_Model, ...]:
-    return (
-        _Model("digits", gpu, 0.5, 64, 400, 30),
-        _Model("digits_int8", gpu, 0.2, 64, 300, 15),
-        _Model("linear", cpu, 0.3, 4, 2000, 20),
+def _models(gpu: str, cpu: str, workload: Workload) -> tuple[_Model, ...]:
+    return tuple(
+        _Model(
+            m.name,
+            gpu if m.on == "gpu" else cpu,
+            m.weight,
+            m.work_units,
+            m.fixed_us,
+            m.per_request_us,
+            m.max_batch,
+        )
+        for m in workload.models
     )
 
 
@@ -129,10 +219,19 @@ def _minute_counts(requests: int, minutes: int, rng: random.Random) -> list[int]
 
 
 def generate_ledger(
-    *, organization: Organization, requests: int, days: float, end: datetime | None = None, seed: int = 1
+    *,
+    organization: Organization,
+    requests: int,
+    days: float,
+    end: datetime | None = None,
+    seed: int = 1,
+    workload: str = "bench",
 ) -> SyntheticResult:
     """Write ``requests`` synthetic requests spread over ``days`` days ending at ``end`` (default: the start
-    of the current hour), with their batches, metering intervals, idle lines and energy parts."""
+    of the current hour), with their batches, metering intervals, idle lines and energy parts, as served by
+    ``workload`` (:data:`WORKLOADS`)."""
+    if workload not in WORKLOADS:
+        raise ServiceError(f"workload must be one of {', '.join(WORKLOADS)}, got {workload!r}")
     if not 0 <= requests <= MAX_REQUESTS:
         raise ServiceError(f"requests must be from 0 to {MAX_REQUESTS}, got {requests}")
     if not (math.isfinite(days) and 0 < days <= MAX_DAYS):
@@ -157,14 +256,17 @@ def generate_ledger(
             f"the synthetic ledger of seed {seed} is already loaded for {organization.slug} (chain "
             f"{earlier.chain_id}); pass another seed to add more traffic"
         )
-    gpu, cpu = _devices(organization.slug)
+    gpu, cpu = _devices(organization.slug, WORKLOADS[workload])
     for device in (gpu, cpu):
         _place(organization, device)
     chain_id = f"synthetic-{organization.slug}-{int(time.time())}-{prefix}"
     written = 0
     buffer: list[dict[str, Any]] = []
     try:
-        for records in _minutes(organization.pk, chain_id, start_at, minutes, requests, gpu, cpu, rng):
+        batches = _minutes(
+            organization.pk, chain_id, start_at, minutes, requests, gpu, cpu, rng, WORKLOADS[workload]
+        )
+        for records in batches:
             buffer.extend(records)
             if len(buffer) >= 60_000:
                 written += append_records(chain_id, buffer)
@@ -188,8 +290,9 @@ def _minutes(
     gpu: _Device,
     cpu: _Device,
     rng: random.Random,
+    workload: Workload,
 ) -> Iterator[list[dict[str, Any]]]:
-    models = _models(gpu.device_id, cpu.device_id)
+    models = _models(gpu.device_id, cpu.device_id, workload)
     weights = [m.weight for m in models]
     devices = {gpu.device_id: gpu, cpu.device_id: cpu}
     counters_j = {gpu.device_id: 1000.0, cpu.device_id: 0.0}
@@ -206,10 +309,13 @@ def _minutes(
         left = count
         while left > 0:
             size = min(left, rng.choice((1, 2, 4, 4, 8, 8, 8, 16)))
-            left -= size
             model = rng.choices(models, weights)[0]
+            size = min(size, model.max_batch)
+            left -= size
             device = devices[model.device]
             duration_ns = (model.fixed_us + model.per_request_us * size) * 1000
+            # A device runs at most the interval: a minute too full for the batch gets a shorter one.
+            duration_ns = max(1000, min(duration_ns, _BUSY_LIMIT_NS - busy[device.device_id]))
             begin = t0 + rng.randrange(0, _INTERVAL_S * _NS - duration_ns)
             finish = begin + duration_ns
             next_id += 1

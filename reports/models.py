@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from inference import limits
 from tenancy.models import Organization
 
 
@@ -19,7 +20,7 @@ class ReportingProfile(models.Model):
         Organization, on_delete=models.CASCADE, related_name="reporting_profile"
     )
     description = models.TextField(blank=True)
-    responsible_person = models.CharField(max_length=200, blank=True)
+    responsible_person = models.CharField(max_length=limits.RESPONSIBLE_PERSON_MAX_LENGTH, blank=True)
     consolidation_approach = models.CharField(
         max_length=32, choices=Consolidation.choices, default=Consolidation.OPERATIONAL
     )
@@ -41,6 +42,11 @@ class ReportingProfile(models.Model):
     verification_status = models.CharField(
         max_length=300, default="not verified by a third party (self-declared)"
     )
+    # ESRS E1 intensities per net revenue (E1-5 §40, E1-6 §53): the net revenue of one financial year as the
+    # financial statements give it; none: the intensities are not reported.
+    net_revenue = models.DecimalField(max_digits=20, decimal_places=2, null=True, blank=True)
+    net_revenue_currency = models.CharField(max_length=3, default="EUR")
+    net_revenue_year = models.IntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
 
@@ -94,8 +100,13 @@ class Report(models.Model):
 
 
 class ReportFile(models.Model):
-    FORMATS = ("pdf", "csv", "json")
-    CONTENT_TYPES = {"pdf": "application/pdf", "csv": "text/csv; charset=utf-8", "json": "application/json"}
+    FORMATS = ("pdf", "csv", "json", "esrs-e1")
+    CONTENT_TYPES = {
+        "pdf": "application/pdf",
+        "csv": "text/csv; charset=utf-8",
+        "json": "application/json",
+        "esrs-e1": "text/csv; charset=utf-8",
+    }
 
     report = models.ForeignKey(Report, on_delete=models.CASCADE, related_name="files")
     format = models.CharField(max_length=8)

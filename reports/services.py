@@ -5,14 +5,18 @@ from __future__ import annotations
 import hashlib
 import logging
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
+from carbon import co2e
 from carbon.models import HourlyRollup
-from reports.models import Report, ReportFile
+from inference import limits
+from reports.esrs import render_esrs_csv
+from reports.models import Report, ReportFile, ReportingProfile
 from reports.pdf import html_to_pdf
 from reports.render import render_csv, render_html, render_json
 from reports.snapshot import ReportFailure, ReportProgress, build_snapshot
@@ -171,7 +175,11 @@ def report_generate(report_id: int) -> Report | None:
     try:
         snapshot = build_snapshot(report, progress)
         progress(70, "rendering CSV and JSON")
-        files = {"csv": render_csv(snapshot), "json": render_json(snapshot)}
+        files = {
+            "csv": render_csv(snapshot),
+            "json": render_json(snapshot),
+            "esrs-e1": render_esrs_csv(snapshot),
+        }
         progress(80, "rendering the PDF")
         files["pdf"] = html_to_pdf(render_html(snapshot))
     except _LostClaim:
@@ -195,7 +203,7 @@ def report_generate(report_id: int) -> Report | None:
             ReportFile.objects.create(
                 report=report,
                 format=fmt,
-                filename=f"{stem}.{fmt}",
+                filename=f"{stem}-esrs-e1.csv" if fmt == "esrs-e1" else f"{stem}.{fmt}",
                 sha256=hashlib.sha256(content).hexdigest(),
                 size=len(content),
                 content=content,
@@ -278,3 +286,52 @@ def reports_monthly(*, today: date | None = None) -> list[Report]:
             report_request(organization=org, start=start, end=end, kind="monthly", requested_by="schedule")
         )
     return made
+
+
+def net_revenue_set(
+    *,
+    organization: Organization,
+    amount: Decimal | str | None,
+    currency: str = "EUR",
+    year: int | None = None,
+) -> ReportingProfile:
+    """Record the organization's net revenue of financial year ``year`` (in ``currency``, an ISO 4217 code),
+    the denominator of the ESRS E1 intensities (E1-5 §40, E1-6 §53); ``amount=None`` clears it and the
+    intensities are no longer reported."""
+    profile, _ = ReportingProfile.objects.get_or_create(organization=organization)
+    if amount is None:
+        profile.net_revenue, profile.net_revenue_year = None, None
+        profile.save(update_fields=["net_revenue", "net_revenue_year", "updated_at"])
+        return profile
+    try:
+        value = Decimal(str(amount).strip())
+    except (InvalidOperation, ValueError):
+        raise ServiceError(f"net revenue must be a number, got {amount!r}") from None
+    if not value.is_finite() or value <= 0 or value >= Decimal(10) ** 18:
+        raise ServiceError(f"net revenue must be above 0 and below 10^18, got {amount!r}")
+    if value != value.quantize(Decimal("0.01")):
+        raise ServiceError(f"net revenue takes at most 2 decimal places, got {amount!r}")
+    if not (len(currency) == 3 and currency.isascii() and currency.isalpha() and currency.isupper()):
+        raise ServiceError(f"currency must be an ISO 4217 code such as EUR, got {currency!r}")
+    if year is None or isinstance(year, bool) or not co2e.FIRST_YEAR <= int(year) <= co2e.LAST_YEAR:
+        raise ServiceError(f"year must be from {co2e.FIRST_YEAR} to {co2e.LAST_YEAR}, got {year!r}")
+    profile.net_revenue, profile.net_revenue_currency, profile.net_revenue_year = value, currency, int(year)
+    profile.save(update_fields=["net_revenue", "net_revenue_currency", "net_revenue_year", "updated_at"])
+    return profile
+
+
+def responsible_person_set(*, organization: Organization, responsible_person: str) -> ReportingProfile:
+    """Name the person responsible for the organization's GHG reports (ISO 14064-1, 9.3.1 b); an empty name
+    clears it, and the reports state the departure. The limit is the column's (inference/limits.py)."""
+    name = " ".join(str(responsible_person).split())
+    if len(name) > limits.RESPONSIBLE_PERSON_MAX_LENGTH:
+        raise ServiceError(
+            f"the responsible person takes at most {limits.RESPONSIBLE_PERSON_MAX_LENGTH} characters, "
+            f"got {len(name)}"
+        )
+    if not name.isprintable():
+        raise ServiceError("the responsible person may not hold control characters")
+    profile, _ = ReportingProfile.objects.get_or_create(organization=organization)
+    profile.responsible_person = name
+    profile.save(update_fields=["responsible_person", "updated_at"])
+    return profile

@@ -14,18 +14,20 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from carbon import co2e
+from carbon import co2e, display
 from carbon.models import ContractualInstrument, FactorImport
 from carbon.selectors import CarbonSummary, carbon_summary, factor_attributions, rollup_series
 from ledger.models import ChainOrganization, LedgerChain, LedgerVerification
 from ledger.services import ledger_verify
+from reports.esrs import esrs_e1
 from reports.models import Report, ReportingProfile
+from reports.synthetic import synthetic_statement
 from tenancy.models import Organization
 
 SCHEMA = "carbonledger.ghg-report/1"
@@ -50,8 +52,27 @@ METHOD_WHY = {
     "rapl": "measured: the CPU package and DRAM energy counters (Intel RAPL, powercap)",
     "triton": "measured: a remote Triton server's nv_energy_consumption metric",
     "modelled": "modelled: process CPU time x declared TDP per core plus a memory term (no hardware counter)",
+    "synthetic": "synthetic: generated demo traffic (demo/synthetic_ledger.py), no meter and no real device",
     "unknown": "the device is not known to the ledger",
 }
+# How a location-based factor matched the hour it valued, best first (co2e.FactorChoice.match).
+MATCH_ORDER = ("hour", "year", "nearest_year")
+MATCH_LABEL = {
+    "hour": "hourly factor of the hour itself",
+    "year": "annual factor of the same year",
+    "nearest_year": "annual factor of the nearest year (none for the year itself)",
+}
+BIOGENIC_CO2 = (
+    "Biogenic CO2: none is emitted or removed under the reporting boundary; the services burn no biomass and "
+    "hold no biogenic carbon stock. Biogenic CO2 from biomass burnt in grid power plants arises upstream of "
+    "the purchased electricity; the factor sources publish intensities without separating it, so it is "
+    "neither quantified apart nor added to the totals (the statement ISO 14064-1:2018, 9.3.1, asks for)."
+)
+WHY_ONLY_CO2E = (
+    "The emission factors of purchased electricity are published as CO2e per kWh, with no split by gas, so "
+    "no per-gas figures (CO2, CH4, N2O) can be derived from them. No GHG is emitted on site: no fuel is "
+    "burnt and no HFCs, PFCs, SF6 or NF3 are held or released under the boundary."
+)
 ReportProgress = Callable[[int, str], None]
 
 
@@ -164,6 +185,7 @@ class SnapshotSources:
     trend: list[dict[str, Any]]  # rollup_series points, by month, of the twelve months up to the period's end
     base: CarbonSummary | None  # the base year's inventory; None until a base year is chosen
     attribution: list[dict[str, str]]
+    previous: Report | None  # the report whose stored snapshot the methodology is compared with
     generated_at: datetime
     code_version: str
 
@@ -194,7 +216,9 @@ def gather(report: Report, progress: ReportProgress) -> SnapshotSources:
         instruments=list(ContractualInstrument.objects.filter(organization=org).order_by("instrument_id")),
         trend=rollup_series(org.pk, _trend_start(report.period_end), end, "month"),
         base=_base_year_summary(org, profile),
-        attribution=factor_attributions(_factor_ids(summary)),
+        # The organization's own factor imports (an hourly series it imported) are attributed too.
+        attribution=factor_attributions(_factor_ids(summary), organization_id=org.pk),
+        previous=_previous_report(report),
         generated_at=datetime.now(UTC),
         code_version=code_version(),
     )
@@ -265,6 +289,19 @@ def _trend_start(period_end: date) -> datetime:
     return trend_start
 
 
+def _previous_report(report: Report) -> Report | None:
+    """The report this one is compared with for methodology changes: the one it replaces, else the
+    organization's finished report with the latest earlier start (the latest generated of those)."""
+    done = Report.objects.filter(status=Report.Status.DONE, snapshot__isnull=False).exclude(pk=report.pk)
+    if report.replaces_id is not None:
+        return done.filter(pk=report.replaces_id).first()
+    return (
+        done.filter(organization_id=report.organization_id, period_start__lt=report.period_start)
+        .order_by("-period_start", "-finished_at", "-pk")
+        .first()
+    )
+
+
 def _base_year_summary(organization: Organization, profile: ReportingProfile) -> CarbonSummary | None:
     # Unlike the period's own summary, a failure here is no ReportFailure: the run records an unexpected error.
     if profile.base_year is None:
@@ -298,6 +335,7 @@ class BreakdownGroup:
     model: str
     month: str
     metering_method: str
+    scope_category: str = ""  # "scope2", "scope3_cat1"; empty for energy at no site (not valued)
     requests: int = 0
     it_energy_uj: int = 0
     idle_energy_uj: int = 0
@@ -319,6 +357,27 @@ class BaseYearFigures:
 
 
 @dataclass(frozen=True)
+class FactorMatchFigures:
+    """The location-based lines valued by one kind of factor match ("hour", "year", "nearest_year")."""
+
+    match: str
+    energy_kwh: Decimal
+    co2e_g: Decimal
+
+
+@dataclass(frozen=True)
+class DataQuality:
+    """How much of the inventory rests on measurement, and on factors of the right time."""
+
+    energy_uj: int
+    measured_uj: int  # hardware counters (NVML, RAPL, a remote Triton)
+    modelled_uj: int  # the CPU model: time x declared power
+    factor_matches: list[FactorMatchFigures]
+    facility_energy_kwh: Decimal
+    measured_pue_energy_kwh: Decimal  # facility energy whose PUE was measured, not declared
+
+
+@dataclass(frozen=True)
 class SnapshotFigures:
     """What the snapshot states beyond the summary's own results."""
 
@@ -331,6 +390,7 @@ class SnapshotFigures:
     base_year: BaseYearFigures | None
     departures: list[str]
     factor_notes: list[str]
+    data_quality: DataQuality
 
 
 def compute(sources: SnapshotSources) -> SnapshotFigures:
@@ -357,6 +417,32 @@ def compute(sources: SnapshotSources) -> SnapshotFigures:
         base_year=_base_year(sources.profile, sources.base),
         departures=_departures(sources.profile, summary),
         factor_notes=sorted({note for use in summary.location.factors_used for note in use.notes}),
+        data_quality=_data_quality(summary),
+    )
+
+
+def _data_quality(summary: CarbonSummary) -> DataQuality:
+    pue_source = {p["id"]: p["source"] for p in summary.pue_records}
+    matches: dict[str, list[Decimal]] = {}
+    facility_kwh = measured_pue_kwh = Decimal(0)
+    for line in summary.location.lines:
+        held = matches.setdefault(line.choice.match, [Decimal(0), Decimal(0)])
+        held[0] += line.energy_kwh
+        held[1] += line.co2e_g
+        facility_kwh += line.energy_kwh
+        row = summary.rows.get(line.consumption.tag)
+        if row is not None and pue_source.get(row.pue_record_id) == "measured":
+            measured_pue_kwh += line.energy_kwh
+    return DataQuality(
+        energy_uj=summary.energy_uj,
+        measured_uj=summary.measured_uj,
+        modelled_uj=summary.energy_uj_by_method.get("modelled", 0),
+        factor_matches=[
+            FactorMatchFigures(match, kwh, g)
+            for match, (kwh, g) in sorted(matches.items(), key=lambda m: MATCH_ORDER.index(m[0]))
+        ],
+        facility_energy_kwh=facility_kwh,
+        measured_pue_energy_kwh=measured_pue_kwh,
     )
 
 
@@ -382,6 +468,7 @@ def _breakdown(summary: CarbonSummary) -> list[BreakdownGroup]:
                 model=key[1],
                 month=key[2],
                 metering_method=key[3],
+                scope_category=site.scope_category if site is not None else "",
             )
         # A rollup row has several lines (an hour split over instruments and the residual mix): count it once.
         if tag not in held.rows:
@@ -420,7 +507,7 @@ def _departures(profile: ReportingProfile, summary: CarbonSummary) -> list[str]:
     departures: list[str] = []
     if not profile.responsible_person:
         departures.append(
-            "No responsible person is named in the organization's reporting profile (§9.3.1 b)."
+            "No responsible person is named (§9.3.1 b); an admin names one in the dashboard's Settings."
         )
     if profile.base_year is None:
         departures.append("No base year has been chosen yet (§6.4.1); no base-year comparison is given.")
@@ -447,8 +534,9 @@ def format_snapshot(sources: SnapshotSources, figures: SnapshotFigures) -> dict[
     """The snapshot as stored and rendered: every number a decimal string, rounded for the report."""
     report, profile = sources.report, sources.profile
     org = report.organization
-    inputs = _inputs(sources, figures)
-    return {
+    esrs = esrs_e1(sources.summary, sources.profile, sources.start, sources.end)
+    inputs = _inputs(sources, esrs)
+    snapshot = {
         "schema": SCHEMA,
         "report": {
             "id": report.pk,
@@ -465,7 +553,12 @@ def format_snapshot(sources: SnapshotSources, figures: SnapshotFigures) -> dict[
             "description": profile.description or f"{org.name}: machine-learning inference services.",
             "responsible_person": profile.responsible_person or "not named",
         },
-        "period": {"start": report.period_start.isoformat(), "end_exclusive": report.period_end.isoformat()},
+        "period": {
+            "start": report.period_start.isoformat(),
+            "end_exclusive": report.period_end.isoformat(),
+            "last_day": (report.period_end - timedelta(days=1)).isoformat(),
+            "label": display.period(report.period_start, report.period_end),
+        },
         "boundaries": {
             "consolidation_approach": profile.consolidation_approach,
             "reporting_boundary": profile.reporting_boundary,
@@ -473,10 +566,18 @@ def format_snapshot(sources: SnapshotSources, figures: SnapshotFigures) -> dict[
             "sites": _sites(sources.summary),
         },
         "inputs": inputs,
+        # What the figures are computed from, and only that: the same data gives the same hash. The ledger
+        # verification each generation runs is reported beside it, in "ledger".
         "inputs_sha256": sha256_json(inputs),
-        "results": _results(sources, figures),
+        "ledger": _ledger(sources.chains, intact=figures.ledger_intact),
+        "results": {
+            **_results(sources, figures),
+            "esrs_e1": esrs,
+        },
         "statements": _statements(sources, figures),
     }
+    snapshot["statements"]["methodology_changes"] = _methodology_changes(sources.previous, snapshot)
+    return snapshot
 
 
 def _sites(summary: CarbonSummary) -> list[dict[str, Any]]:
@@ -510,8 +611,17 @@ ROLLUP_COLUMNS = (
 )
 
 
-def _inputs(sources: SnapshotSources, figures: SnapshotFigures) -> dict[str, Any]:
+def _hourly_volumes(market: co2e.MarketResult) -> dict[str, dict[datetime, Decimal]]:
+    """The hourly volumes (MWh per UTC hour) the market-based method was given, by instrument id: those of
+    the instruments it applied and of those it excluded."""
+    given = [u.instrument for u in market.instruments_used] + [e.instrument for e in market.excluded]
+    return {i.instrument_id: dict(i.hourly_mwh) for i in given if i.hourly_mwh is not None}
+
+
+def _inputs(sources: SnapshotSources, esrs: dict[str, Any]) -> dict[str, Any]:
     summary = sources.summary
+    hourly = _hourly_volumes(summary.market)
+    mix = esrs["energy_mix"]
     return {
         "rollups": [
             [
@@ -533,6 +643,24 @@ def _inputs(sources: SnapshotSources, figures: SnapshotFigures) -> dict[str, Any
         ],
         "rollup_columns": list(ROLLUP_COLUMNS),
         "factors": _factors(summary, sources.factor_imports),
+        # The generation mix the ESRS E1 energy split used: the file (by hash) and the shares of each zone.
+        "generation_mix": {
+            "file_sha256": mix["file_sha256"],
+            "zones": [
+                {
+                    key: zone[key]
+                    for key in (
+                        "zone",
+                        "mix_zone",
+                        "year",
+                        "fossil_share",
+                        "nuclear_share",
+                        "renewable_share",
+                    )
+                }
+                for zone in mix["zones"]
+            ],
+        },
         "pue_records": [
             {
                 "id": p["id"],
@@ -544,8 +672,9 @@ def _inputs(sources: SnapshotSources, figures: SnapshotFigures) -> dict[str, Any
             }
             for p in sorted(summary.pue_records, key=lambda p: p["id"])
         ],
-        "instruments": [_instrument(record) for record in sources.instruments],
-        "ledger": _ledger(sources.chains, intact=figures.ledger_intact),
+        "instruments": [
+            _instrument(record, hourly.get(record.instrument_id)) for record in sources.instruments
+        ],
     }
 
 
@@ -578,7 +707,7 @@ def _factors(summary: CarbonSummary, imports: dict[int, FactorImport]) -> list[d
     return factors
 
 
-def _instrument(record: ContractualInstrument) -> dict[str, Any]:
+def _instrument(record: ContractualInstrument, hourly: dict[datetime, Decimal] | None) -> dict[str, Any]:
     return {
         "instrument_id": record.instrument_id,
         "kind": record.kind,
@@ -590,6 +719,17 @@ def _instrument(record: ContractualInstrument) -> dict[str, Any]:
         "certificate_ids": record.certificate_ids,
         "retirement_evidence": record.retirement_evidence,
         "quality_criteria": record.quality_criteria,
+        # Granular certificates, by hash: every hour's volume moves a figure (market-based, hourly matching)
+        # without changing the total.
+        "hourly_volumes": None
+        if hourly is None
+        else {
+            "hours": len(hourly),
+            "mwh": _s(sum(hourly.values(), Decimal(0))),
+            "sha256": sha256_json(
+                [[hour.astimezone(UTC).isoformat(), _s(mwh)] for hour, mwh in sorted(hourly.items())]
+            ),
+        },
     }
 
 
@@ -629,6 +769,7 @@ def _results(sources: SnapshotSources, figures: SnapshotFigures) -> dict[str, An
             }
             for category in co2e.SCOPE_CATEGORIES
         ],
+        "scopes": _scopes(summary, figures),
         "location_based": _total(summary.location.total),
         "market_based": _market_based(summary.market),
         "intensity": _intensity(summary, figures),
@@ -645,6 +786,89 @@ def _results(sources: SnapshotSources, figures: SnapshotFigures) -> dict[str, An
         ],
         "base_year": _base_year_row(figures.base_year),
         "factor_notes": figures.factor_notes,
+        "not_valued_hours": len(summary.not_valued),
+        "data_quality": _data_quality_row(figures.data_quality, summary),
+    }
+
+
+SCOPE_LABELS = {
+    "scope2": "Scope 2: owned and colocated sites",
+    "scope3_cat1": "Scope 3 category 1: cloud inference",
+}
+
+
+def _scopes(summary: CarbonSummary, figures: SnapshotFigures) -> dict[str, Any]:
+    """Each category on its own, with its sites: Scope 2 (ISO Category 2) is the owned and colocated sites
+    only; cloud inference is Scope 3 category 1 (ISO Category 4)."""
+    sites: dict[str, dict[str, dict[str, Any]]] = {category: {} for category in co2e.SCOPE_CATEGORIES}
+    for group in figures.breakdown:
+        if not group.scope_category:
+            continue
+        held = sites[group.scope_category].setdefault(
+            group.site,
+            {
+                "kwh": Decimal(0),
+                "location": Decimal(0),
+                "market": Decimal(0),
+                "zone": group.zone,
+                "requests": 0,
+            },
+        )
+        held["kwh"] += group.facility_energy_kwh
+        held["location"] += group.location_co2e_g
+        held["market"] += group.market_co2e_g
+        held["requests"] += group.requests
+    return {
+        category: {
+            "label": SCOPE_LABELS[category],
+            "iso_category": co2e.ISO_14064_CATEGORY[category],
+            "location_based": _total(summary.location.by_category[category]),
+            "market_based": _total(summary.market.by_category[category]),
+            "sites": [
+                {
+                    "site": name,
+                    "zone": held["zone"],
+                    "requests": held["requests"],
+                    "facility_energy_kwh": _s(co2e.report_kwh(held["kwh"])),
+                    "location_co2e_g": _g(held["location"]),
+                    "market_co2e_g": _g(held["market"]),
+                }
+                for name, held in sorted(sites[category].items())
+            ],
+        }
+        for category in co2e.SCOPE_CATEGORIES
+    }
+
+
+def _share(part: Decimal | int, whole: Decimal | int) -> str:
+    if not whole:
+        return "0"
+    return _s((Decimal(part) / Decimal(whole)).quantize(Decimal("0.000001"), rounding=ROUND_HALF_EVEN))
+
+
+def _data_quality_row(quality: DataQuality, summary: CarbonSummary) -> dict[str, Any]:
+    total_g = sum((m.co2e_g for m in quality.factor_matches), Decimal(0))
+    return {
+        "measured_share": _share(quality.measured_uj, quality.energy_uj),
+        "modelled_share": _share(quality.modelled_uj, quality.energy_uj),
+        "other_share": _share(
+            quality.energy_uj - quality.measured_uj - quality.modelled_uj, quality.energy_uj
+        ),
+        "factor_matches": [
+            {
+                "match": m.match,
+                "label": MATCH_LABEL.get(m.match, m.match),
+                "facility_energy_kwh": _s(co2e.report_kwh(m.energy_kwh)),
+                "co2e_g": _g(m.co2e_g),
+                "co2e_share": _share(m.co2e_g, total_g),
+            }
+            for m in quality.factor_matches
+        ],
+        "measured_pue_share": _share(quality.measured_pue_energy_kwh, quality.facility_energy_kwh),
+        "relative_uncertainty": {
+            "location_based": _s(co2e.report_relative(summary.location.total.relative_uncertainty)),
+            "market_based": _s(co2e.report_relative(summary.market.total.relative_uncertainty)),
+        },
         "not_valued_hours": len(summary.not_valued),
     }
 
@@ -673,6 +897,12 @@ def _energy(summary: CarbonSummary, figures: SnapshotFigures) -> dict[str, Any]:
     }
 
 
+DISCLOSURE_FORMATS: dict[co2e.QuantityKind, Callable[[Decimal], str]] = {
+    "energy_kwh": display.energy_kwh,
+    "intensity_g_per_kwh": display.intensity_g_per_kwh,
+}
+
+
 def _market_based(market: co2e.MarketResult) -> dict[str, Any]:
     return {
         **_total(market.total),
@@ -688,7 +918,10 @@ def _market_based(market: co2e.MarketResult) -> dict[str, Any]:
         "excluded": [
             {"instrument_id": e.instrument.instrument_id, "reasons": list(e.reasons)} for e in market.excluded
         ],
+        # Exact numbers (as the core holds them) for the JSON; the same sentences through the one number
+        # formatter for the PDF.
         "disclosures": list(market.disclosures),
+        "disclosures_display": [d.text(DISCLOSURE_FORMATS) for d in market.disclosures],
     }
 
 
@@ -745,6 +978,8 @@ def _statements(sources: SnapshotSources, figures: SnapshotFigures) -> dict[str,
         "departures": figures.departures,
         "verification_status": profile.verification_status,
         "gwp": GWP,
+        "gases": _gases(sources.summary),
+        "biogenic_co2": BIOGENIC_CO2,
         "uncertainty_method": UNCERTAINTY_METHOD,
         "base_year_policy": profile.recalculation_policy,
         "exclusions": _exclusions(profile),
@@ -757,6 +992,7 @@ def _statements(sources: SnapshotSources, figures: SnapshotFigures) -> dict[str,
             "the residual mix (or the grid average, disclosed)."
         ),
         "attribution": sources.attribution,
+        "synthetic_data": synthetic_statement(sources.summary),
     }
 
 
@@ -773,7 +1009,117 @@ def _exclusions(profile: ReportingProfile) -> list[Any]:
         },
         {
             "what": "Network and client-device energy",
-            "justification": f"outside the reporting boundary; estimated below the {profile.significance_threshold_percent} % "
-            "significance threshold",
+            "justification": "outside the reporting boundary; estimated below the "
+            f"{display.percent_points(profile.significance_threshold_percent)} significance threshold",
         },
     ]
+
+
+def _gases(summary: CarbonSummary) -> dict[str, Any]:
+    by_source = sorted({(str(r["source"]), str(r["gases"])) for r in summary.factor_records.values()})
+    reported = sorted({gases for _, gases in by_source}) or ["CO2e"]
+    return {
+        "reported": ", ".join(reported),
+        "by_source": [{"source": source, "gases": gases} for source, gases in by_source],
+        "gwp_source": GWP["source"],
+        "why_only_co2e": WHY_ONLY_CO2E,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Methodology changes: this snapshot against the previous report's stored one
+# ---------------------------------------------------------------------------------------------------------
+
+METHODOLOGY_SETS = {
+    "factor_sources": "Emission factor sources",
+    "factor_versions": "Emission factor versions",
+    "factor_bases": "Emission factor bases",
+    "metering_methods": "Metering methods",
+    "sites": "Sites in the inventory",
+}
+METHODOLOGY_VALUES = {
+    "gwp_source": "GWP source",
+    "consolidation_approach": "Consolidation approach",
+    "reporting_boundary": "Reporting boundary",
+    "significance_threshold": "Significance threshold",
+    "quantification": "Quantification method",
+    "uncertainty_method": "Uncertainty method",
+}
+
+
+def methodology_of(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """What a snapshot says about its method, in a form two snapshots can be compared in. Reads only what
+    every stored snapshot holds, so a report made by an earlier version compares too."""
+    inputs = snapshot.get("inputs") or {}
+    boundaries = snapshot.get("boundaries") or {}
+    statements = snapshot.get("statements") or {}
+    energy = (snapshot.get("results") or {}).get("energy") or {}
+    factors = inputs.get("factors") or []
+    pue: dict[str, set[str]] = {}
+    for record in inputs.get("pue_records") or []:
+        pue.setdefault(record["site"], set()).add(f"{display.number(record['pue'])} ({record['source']})")
+    threshold = boundaries.get("significance_threshold_percent")
+    return {
+        "factor_sources": sorted({str(f["source"]) for f in factors}),
+        "factor_versions": sorted({str(f["version_name"]) for f in factors}),
+        "factor_bases": sorted({str(f["basis"]) for f in factors}),
+        "metering_methods": sorted({str(m["method"]) for m in energy.get("by_metering_method") or []}),
+        "sites": sorted(f"{s['name']} ({s['zone']}, {s['scope']})" for s in boundaries.get("sites") or []),
+        "pue": {site: sorted(values) for site, values in sorted(pue.items())},
+        "gwp_source": (statements.get("gwp") or {}).get("source", ""),
+        "consolidation_approach": boundaries.get("consolidation_approach", ""),
+        "reporting_boundary": boundaries.get("reporting_boundary", ""),
+        "significance_threshold": "" if threshold is None else display.percent_points(threshold),
+        "quantification": statements.get("quantification", ""),
+        "uncertainty_method": statements.get("uncertainty_method", ""),
+    }
+
+
+def methodology_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """Each difference between two :func:`methodology_of` results, in a sentence."""
+    changes: list[str] = []
+    for key, label in METHODOLOGY_SETS.items():
+        added = [v for v in now[key] if v not in before[key]]
+        removed = [v for v in before[key] if v not in now[key]]
+        parts = ([f"added {'; '.join(added)}"] if added else []) + (
+            [f"no longer used: {'; '.join(removed)}"] if removed else []
+        )
+        if parts:
+            changes.append(f"{label}: {'; '.join(parts)}.")
+    for site in sorted(set(before["pue"]) & set(now["pue"])):
+        if before["pue"][site] != now["pue"][site]:
+            changes.append(
+                f"PUE of site {site}: {', '.join(now['pue'][site])} "
+                f"(previous report: {', '.join(before['pue'][site])})."
+            )
+    for key, label in METHODOLOGY_VALUES.items():
+        if before[key] != now[key]:
+            changes.append(f"{label}: {now[key]} (previous report: {before[key] or 'not stated'}).")
+    return changes
+
+
+def _methodology_changes(previous: Report | None, snapshot: dict[str, Any]) -> dict[str, Any]:
+    if previous is None or not previous.snapshot:
+        return {
+            "previous_report": None,
+            "summary": "There is no previous report of this organization to compare the methodology with.",
+            "changes": [],
+        }
+    changes = methodology_changes(methodology_of(previous.snapshot), methodology_of(snapshot))
+    label = display.period(previous.period_start, previous.period_end)
+    return {
+        "previous_report": {
+            "id": previous.pk,
+            "period_start": previous.period_start.isoformat(),
+            "period_end_exclusive": previous.period_end.isoformat(),
+            "label": label,
+            "code_version": previous.code_version,
+        },
+        "summary": f"Compared with report {previous.pk} ({label}): "
+        + (
+            f"{len(changes)} change(s) of method or boundary."
+            if changes
+            else "no change of method or boundary."
+        ),
+        "changes": changes,
+    }

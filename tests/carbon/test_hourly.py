@@ -128,8 +128,8 @@ def test_only_qualifying_carbon_free_hourly_volumes_count_in_the_hourly_share() 
     matching = hourly_matching(uses, [supplier, unretired, elsewhere])
 
     assert matching.matched_j == 0 and matching.share == 0
-    assert matching.instruments == ()  # none of them is contracted carbon-free energy for this zone...
-    assert hourly_matching(uses, [_instrument("GO-4", hourly=volumes)]).share == 1  # ...this one is
+    assert matching.instruments == ("GO-3",)  # qualifies, but for another market than the consumption's
+    assert hourly_matching(uses, [_instrument("GO-4", hourly=volumes)]).share == 1
 
 
 def test_cloud_consumption_is_not_matched_and_the_share_is_none_without_own_consumption() -> None:
@@ -154,7 +154,7 @@ def test_facility_energy_is_matched_pue_included() -> None:
     [
         ({H0 + timedelta(minutes=30): Decimal("0.001")}, None, "whole UTC hour"),
         ({datetime(2027, 1, 1, tzinfo=UTC): Decimal("0.001")}, None, "vintage"),
-        ({H0: Decimal("-0.001")}, None, ">= 0"),
+        ({H0: Decimal("-0.001"), H0 + HOUR: Decimal("0.002")}, None, ">= 0"),
         ({H0: Decimal("0.001")}, Decimal("0.002"), "sum of its hourly volumes"),
         ({H0: Decimal(0)}, None, "> 0"),
         ({datetime(2025, 6, 1, 10): Decimal("0.001")}, None, "timezone-aware"),

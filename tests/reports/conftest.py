@@ -99,15 +99,15 @@ def pdf_text(report: Report) -> str:
     return re.sub(r"\s+", " ", "\n".join(page.extract_text() for page in reader.pages))
 
 
-HEADING = re.compile(r"(?<![\d.,])\d{1,2}\. [A-Z]")
-
-
 def section(text: str, heading: str) -> str:
     """The text from the last ``heading`` (the one in the body, not in the contents) to the next numbered
-    heading ("5. Exclusions")."""
+    heading: after "4. Scope 2: ...", up to "5. "."""
     start = text.rindex(heading)
-    following = HEADING.search(text, start + len(heading))
-    return text[start : following.start() if following else len(text)]
+    number = re.search(r"(\d{1,2})\. $", text[max(0, start - 4) : start])
+    if number is None:
+        return text[start:]
+    end = text.find(f" {int(number.group(1)) + 1}. ", start)
+    return text[start : end if end >= 0 else len(text)]
 
 
 UNIT_G = {"g": Decimal(1), "kg": Decimal(1000), "t": Decimal(10**6)}

@@ -15,6 +15,7 @@ from carbon import services as carbon
 from carbon.rollups import recompute_carbon, rollups_update
 from inference import limits
 from reports.models import ReportingProfile
+from reports.services import report_generate, report_recalculate
 from tenancy.models import Device, Organization, Site
 from tests.factories import OrganizationFactory
 from tests.reports.conftest import CLOUD_G, KWH_UJ, OWNED_G, generate, pdf_text, section, serve
@@ -57,9 +58,12 @@ def test_methodology_changes_are_computed_from_the_previous_reports_snapshot(two
     printed = section(text, "Methodology changes")
     assert f"report {first.pk}" in printed
     assert "RTE eco2mix hourly" in printed and "financial control" in printed
-    # The same data again: nothing changed since the report before it.
-    third = generate(two_sites, *DEC)
-    assert third.snapshot["statements"]["methodology_changes"]["changes"] == []
+    # A recalculation on the same data is compared with the report it replaces: nothing changed.
+    again = report_generate(report_recalculate(report=second, reason="checked again").pk)
+    assert again is not None and again.status == "done"
+    unchanged = again.snapshot["statements"]["methodology_changes"]
+    assert unchanged["previous_report"]["id"] == second.pk
+    assert unchanged["changes"] == [] and "no change" in unchanged["summary"]
 
 
 def test_biogenic_co2_gases_and_gwp_are_stated(two_sites: Organization) -> None:

@@ -93,7 +93,7 @@ def test_a_report_whose_worker_was_lost_is_queued_again_sent_and_then_completed(
     done = report_generate(lost.pk)
     assert done is not None and done.status == Report.Status.DONE, done and done.failure_reason
     assert done.attempts == 2
-    assert done.files.count() == 3
+    assert done.files.count() == 4  # pdf, csv, json, esrs-e1
 
 
 def test_recovery_fails_a_report_out_of_attempts_resends_stale_queued_ones_and_leaves_fresh_ones(
@@ -215,7 +215,7 @@ def test_the_generate_report_command_sends_nothing_to_the_broker(
             stdout=out,
         )
     assert sent == []
-    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".csv", ".json", ".pdf"]
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".csv", ".csv", ".json", ".pdf"]
     report = Report.objects.get(organization=org)
     assert (report.status, report.attempts) == (Report.Status.DONE, 1)
     assert f"report {report.pk}: inputs sha256" in out.getvalue()

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import connection
 from rest_framework.test import APIClient
 
+from carbon import display
 from carbon import services as carbon
 from carbon.models import EmissionFactor
 from carbon.rollups import recompute_carbon, rollups_update
@@ -105,7 +106,7 @@ def test_the_pdf_holds_every_element_iso_14064_1_asks_and_the_right_totals(
         "Acme Inference",  # organization
         "Acme serves models.",  # description
         "Ada Lovelace",  # responsible person
-        "2025-01-01 to 2025-02-01",  # reporting period
+        "1\N{EN DASH}31 January 2025",  # reporting period, both days included
         "operational control",  # organizational boundary
         "Reporting boundary",  # reporting boundary
         "Significance threshold",
@@ -140,7 +141,7 @@ def test_the_pdf_holds_every_element_iso_14064_1_asks_and_the_right_totals(
     ]
     missing = [item for item in required if item not in text]
     assert not missing, missing
-    assert format(TOTAL_T, "f") in text  # location-based total, t CO2e
+    assert display.mass_g(TOTAL_T.scaleb(6)) in text  # location-based total, all categories
     assert "2025-01" in text and "digits" in text and "linear" in text  # breakdown by month and model
 
 
@@ -243,7 +244,7 @@ def test_a_broken_chain_fails_the_report_unless_accepted_and_is_then_stated(
     )
     accepted = _generate(org_with_ledger, accept_broken_chain=True)
     assert accepted.status == "done"
-    assert accepted.snapshot["inputs"]["ledger"]["intact"] is False
+    assert accepted.snapshot["ledger"]["intact"] is False
     assert "BROKEN" in _pdf_text(accepted)
 
 
@@ -277,7 +278,7 @@ def test_the_api_requests_a_report_shows_its_progress_and_serves_files_to_its_ow
     report_generate(body["id"])  # what the Celery task does
     detail = client.get(f"/api/v1/reports/{body['id']}").json()
     assert (detail["status"], detail["progress"]) == ("done", 100)
-    assert {f["format"] for f in detail["files"]} == {"pdf", "csv", "json"}
+    assert {f["format"] for f in detail["files"]} == {"pdf", "csv", "json", "esrs-e1"}
     for file in detail["files"]:
         got = client.get(file["url"])
         assert got.status_code == 200
@@ -329,7 +330,7 @@ def test_generate_report_command_writes_the_three_files(org_with_ledger: Organiz
         stdout=out,
     )
     names = sorted(p.suffix for p in tmp_path.iterdir())
-    assert names == [".csv", ".json", ".pdf"]
+    assert names == [".csv", ".csv", ".json", ".pdf"]  # the report's CSV and esrs-e1.csv
     assert "inputs sha256" in out.getvalue()
 
 

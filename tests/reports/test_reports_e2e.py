@@ -68,7 +68,7 @@ def test_a_report_requested_over_the_api_is_made_by_a_celery_worker_on_redis(
         assert detail.get("status") == "done", (detail, worker.log_tail())
         assert 100 in seen_progress
         files = {f["format"]: f for f in detail["files"]}
-        assert set(files) == {"pdf", "csv", "json"}
+        assert set(files) == {"pdf", "csv", "json", "esrs-e1"}
         for fmt, meta in files.items():
             got = requests.get(base + meta["url"], headers=headers, timeout=30)
             assert got.status_code == 200

@@ -250,16 +250,19 @@ def normalized(snapshot: dict[str, Any]) -> dict[str, Any]:
     for instrument in inputs["instruments"]:
         # A JSON column: PostgreSQL's jsonb gives its keys back in an order of its own, SQLite as written.
         instrument["quality_criteria"] = dict(sorted(instrument["quality_criteria"].items()))
-    for chain in inputs["ledger"]["chains"]:
+    for chain in out["ledger"]["chains"]:
         for when in ("verified_at", "last_full_verification_at"):
             if chain[when] is not None:
                 chain[when] = "<verification time>"
         chain["problem"] = _text(chain["problem"], labels)
     market = out["results"]["market_based"]
-    disclosures = [_text(d, labels) for d in market["disclosures"]]
-    for pk, label in labels["factor"].items():
-        disclosures = [d.replace(f"grid average ({pk}, ", f"grid average ({label}, ") for d in disclosures]
-    market["disclosures"] = disclosures
+    for key in ("disclosures", "disclosures_display"):
+        disclosures = [_text(d, labels) for d in market[key]]
+        for pk, label in labels["factor"].items():
+            disclosures = [
+                d.replace(f"grid average ({pk}, ", f"grid average ({label}, ") for d in disclosures
+            ]
+        market[key] = disclosures
     return out
 
 
