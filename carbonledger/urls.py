@@ -6,6 +6,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from api import carbon as carbon_api
+from api import index as api_index
 from api import jobs as jobs_api
 from api import ledger as ledger_api
 from api import manage as manage_api
@@ -13,6 +14,8 @@ from api import reports as reports_api
 from carbonledger.static_files import static_file
 from dashboard import jobs as jobs_views
 from dashboard import views as dashboard
+
+handler404 = "dashboard.views.not_found"
 
 urlpatterns = [
     path("", dashboard.home, name="home"),
@@ -25,18 +28,69 @@ urlpatterns = [
         auth_views.PasswordChangeDoneView.as_view(),
         name="password_change_done",
     ),
+    path("accounts/password_reset/", auth_views.PasswordResetView.as_view(), name="password_reset"),
+    path(
+        "accounts/password_reset/done/",
+        auth_views.PasswordResetDoneView.as_view(),
+        name="password_reset_done",
+    ),
+    path(
+        "accounts/reset/<uidb64>/<token>/",
+        auth_views.PasswordResetConfirmView.as_view(),
+        name="password_reset_confirm",
+    ),
+    path(
+        "accounts/reset/done/", auth_views.PasswordResetCompleteView.as_view(), name="password_reset_complete"
+    ),
     path("dashboard/", dashboard.overview, name="dashboard"),
     path("dashboard/models", dashboard.models_page, name="dashboard-models"),
     path("dashboard/energy", dashboard.energy_page, name="dashboard-energy"),
     path("dashboard/carbon", dashboard.carbon_page, name="dashboard-carbon"),
     path("dashboard/reports", dashboard.reports_page, name="dashboard-reports"),
     path("dashboard/settings", dashboard.settings_page, name="dashboard-settings"),
+    path(
+        "dashboard/settings/organization",
+        dashboard.settings_page,
+        {"section": "organization"},
+        name="dashboard-settings-organization",
+    ),
+    path(
+        "dashboard/settings/sites",
+        dashboard.settings_page,
+        {"section": "sites"},
+        name="dashboard-settings-sites",
+    ),
+    path(
+        "dashboard/settings/devices",
+        dashboard.settings_page,
+        {"section": "devices"},
+        name="dashboard-settings-devices",
+    ),
+    path(
+        "dashboard/settings/keys",
+        dashboard.settings_page,
+        {"section": "keys"},
+        name="dashboard-settings-keys",
+    ),
+    path(
+        "dashboard/settings/instruments",
+        dashboard.settings_page,
+        {"section": "instruments"},
+        name="dashboard-settings-instruments",
+    ),
+    path(
+        "dashboard/settings/imports",
+        dashboard.settings_page,
+        {"section": "imports"},
+        name="dashboard-settings-imports",
+    ),
     path("dashboard/jobs", jobs_views.jobs_page, name="dashboard-jobs"),
     path("dashboard/jobs/<int:pk>", jobs_views.job_page, name="dashboard-job"),
     path("dashboard/jobs/<int:pk>/retry", jobs_views.job_retry_page, name="dashboard-job-retry"),
     path("static/<path:path>", static_file, name="static"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/v1/", api_index.index, name="api-index"),
     path("api/v1/whoami", manage_api.whoami, name="api-whoami"),
     path("api/v1/requests/<str:request_id>", ledger_api.ledger_request_detail, name="api-ledger-request"),
     path("api/v1/organization", manage_api.organization, name="api-organization"),

@@ -11,7 +11,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from carbon.selectors import factor_attributions
+from carbon.selectors import factor_attributions, synthetic_share
+from dashboard.kpis import KPIS
 from tenancy.access import ROLE_SCOPES
 from tenancy.models import Membership
 
@@ -51,6 +52,8 @@ def render_page(request: HttpRequest, template: str, page: str, **context: Any) 
             "can_admin": can(request, "admin"),
             "can_report": can(request, "report"),
             "attributions": factor_attributions(organization_id=membership.organization_id),
+            "synthetic_share": synthetic_share(membership.organization_id),
+            "kpi": KPIS,
             **context,
         },
     )

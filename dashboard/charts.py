@@ -1,10 +1,15 @@
-"""Inline SVG charts (no JavaScript, no external assets), shared by the dashboard and the reports so a page
-and a PDF draw the same series the same way."""
+"""Charts: inline SVG (no JavaScript, no external assets) for the reports' PDF, and the data of the
+dashboard's charts, which the browser draws with uPlot; both from the same series and the one formatter."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from decimal import Decimal
 from html import escape
+from typing import Any
+
+from carbon import display
+from carbon.display import Number
 
 PALETTE = ("#2f6f4f", "#8fbc8f", "#c9a227", "#5b7fa6", "#a65b5b", "#7a5ba6")
 
@@ -66,8 +71,45 @@ def bar_chart(
 
 
 def _fmt(value: float) -> str:
-    if value == 0:
-        return "0"
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.3g}"
+    # Through the one formatter: separators, never E-notation (a tiny daily figure is 0.0000123, not 1.23e-05).
+    return display.number(value, 3)
+
+
+def chart(
+    key: str,
+    title: str,
+    labels: Sequence[str],
+    series: Sequence[tuple[str, Sequence[Number]]],
+    *,
+    quantity: str,
+    stacked: bool = False,
+    x_title: str = "Day (UTC)",
+) -> dict[str, Any]:
+    """A chart for the browser (drawn by uPlot, ``static/carbonledger/charts.js``): every series already in the
+    one unit the formatter picks for the largest value (``quantity``: ``mass_g`` with values in grams,
+    ``energy_kwh`` in kWh, or a fixed unit such as ``g/kWh``), each value with its printed text for the
+    tooltip and the table that screen readers read instead of the canvas. The browser only draws."""
+    values = [v for _, vs in series for v in vs]
+    if quantity in display.SERIES_UNITS:
+        unit, scale = display.series_unit(values, quantity)
+    else:
+        unit, scale = quantity, Decimal(1)
+    drawn = [
+        {
+            "name": name,
+            "colour": PALETTE[i % len(PALETTE)],
+            "values": [float(display.to_decimal(v) / scale) for v in vs],
+            "texts": [display.in_unit(v, scale, unit) for v in vs],
+        }
+        for i, (name, vs) in enumerate(series)
+    ]
+    return {
+        "id": f"chart-{key}",
+        "title": title,
+        "unit": unit,
+        "x_title": x_title,
+        "stacked": stacked,
+        "labels": list(labels),
+        "series": drawn,
+        "rows": [{"label": label, "texts": [s["texts"][i] for s in drawn]} for i, label in enumerate(labels)],
+    }

@@ -3,99 +3,168 @@ organization; writes need the role that allows them (analyst: reports; admin: se
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.utils import timezone
+from django.utils.http import urlencode
 
 from carbon import services as carbon
-from carbon.model_stats import last_traffic_ns, model_stats
+from carbon.model_stats import model_stats
 from carbon.models import ContractualInstrument, FactorImport
 from carbon.selectors import factor_attributions, instrument_summary
 from dashboard import charts, forms, selectors
 from dashboard.access import can, member, organization_id, render_page
-from reports.models import Report, ReportFile
-from reports.services import report_request
-from tenancy.models import ApiKey, Device, Site
+from reports.models import Report, ReportFile, ReportingProfile
+from reports.services import report_request, responsible_person_set
+from tenancy.models import ApiKey, Device, Membership, Site
 from tenancy.services import ServiceError, api_key_create, api_key_revoke
+
+
+def _range(request: HttpRequest) -> tuple[forms.RangeForm, dict[str, Any]]:
+    """The page's range and filters from the query (the default range when none or a bad one is given; the
+    form then says what is wrong beside the field), and the query that carries them to the other pages."""
+    org_id = organization_id(request)
+    models, sites = selectors.filter_choices(org_id)
+    form = forms.RangeForm(request.GET, models=models, sites=sites)
+    first, end = form.period()
+    valid = form.is_valid()
+    model = (form.cleaned_data.get("model") or None) if valid else None
+    site_id = form.cleaned_data.get("site") if valid else None
+    kept = {k: request.GET[k] for k in ("preset", "start", "end", "model", "site") if request.GET.get(k)}
+    if "preset" in request.GET and not request.GET["preset"]:
+        kept["preset"] = ""
+    return form, {
+        "first": first,
+        "end": end,
+        "start_at": datetime(first.year, first.month, first.day, tzinfo=UTC),
+        "end_at": datetime(end.year, end.month, end.day, tzinfo=UTC),
+        "model": model,
+        "site_id": site_id,
+        "site": Site.objects.filter(pk=site_id).first() if site_id is not None else None,
+        "query": "?" + urlencode(kept) if valid and kept else "",
+    }
 
 
 @member
 def overview(request: HttpRequest) -> HttpResponse:
-    data = selectors.overview(organization_id(request), timezone.now())
-    energy_chart = charts.bar_chart(
+    form, rng = _range(request)
+    data = selectors.overview(
+        organization_id(request),
+        timezone.now(),
+        rng["start_at"],
+        rng["end_at"],
+        model=rng["model"],
+        site_id=rng["site_id"],
+    )
+    energy_chart = charts.chart(
+        "energy",
+        "Energy per day",
         data["daily_labels"],
-        [
-            (
-                "request energy",
-                [t - i for t, i in zip(data["daily_energy_kwh"], data["daily_idle_kwh"], strict=True)],
-            ),
-            ("idle energy", data["daily_idle_kwh"]),
-        ],
-        unit="kWh",
+        [("request energy", data["daily_request_kwh"]), ("idle energy", data["daily_idle_kwh"])],
+        quantity="energy_kwh",
         stacked=True,
     )
-    carbon_chart = charts.bar_chart(
+    carbon_chart = charts.chart(
+        "emissions",
+        "Emissions per day, CO2e",
         data["daily_labels"],
-        [("location-based", data["daily_location_kg"]), ("market-based", data["daily_market_kg"])],
-        unit="kg CO2e",
+        [("location-based", data["daily_location_g"]), ("market-based", data["daily_market_g"])],
+        quantity="mass_g",
     )
     template = "dashboard/_overview_live.html" if request.GET.get("partial") else "dashboard/overview.html"
     return render_page(
-        request, template, "overview", data=data, energy_chart=energy_chart, carbon_chart=carbon_chart
+        request,
+        template,
+        "overview",
+        data=data,
+        energy_chart=energy_chart,
+        carbon_chart=carbon_chart,
+        range_form=form,
+        range=rng,
+        range_query=rng["query"],
     )
 
 
 @member
 def models_page(request: HttpRequest) -> HttpResponse:
     stats = model_stats(organization_id(request))
-    batch_charts = {
-        model: charts.bar_chart(
-            [str(size) for size in sizes],
-            [("batches", [float(n) for n in sizes.values()])],
-            unit="batches",
-            height=160,
+    batch_charts = {}
+    for i, (model, sizes) in enumerate(stats["batch_sizes"].items()):
+        # Every size from 1 to the largest seen, so one size alone still reads as a histogram.
+        every = range(1, max(sizes) + 1) if sizes else range(0)
+        batch_charts[model] = charts.chart(
+            f"batches-{i}",
+            f"{model}: batches by size, last hour of traffic",
+            [str(size) for size in every],
+            [("batches", [sizes.get(size, 0) for size in every])],
+            quantity="batches",
+            stacked=True,  # drawn as bars
+            x_title="Batch size (requests)",
         )
-        for model, sizes in stats["batch_sizes"].items()
-    }
     return render_page(request, "dashboard/models.html", "models", stats=stats, batch_charts=batch_charts)
 
 
 @member
 def energy_page(request: HttpRequest) -> HttpResponse:
-    end = timezone.now().astimezone(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
-    latest = last_traffic_ns(organization_id(request))
-    if latest is not None:
-        end = min(
-            end,
-            datetime.fromtimestamp(latest / 1e9, UTC).replace(minute=0, second=0, microsecond=0)
-            + timedelta(hours=1),
+    form, rng = _range(request)
+    devices = selectors.device_timelines(
+        organization_id(request), rng["start_at"], rng["end_at"], model=rng["model"], site_id=rng["site_id"]
+    )
+    step = "Hour (UTC)" if rng["end_at"] - rng["start_at"] <= timedelta(days=14) else "Day (UTC)"
+    for i, d in enumerate(devices):
+        d["chart"] = charts.chart(
+            f"device-{i}",
+            f"{d['device_id']}: batch and idle energy",
+            d["labels"],
+            [("batch energy", d["busy"]), ("idle energy", d["idle"])],
+            quantity="energy_kwh",
+            stacked=True,
+            x_title=step,
         )
-    start = end - timedelta(hours=48)
-    devices = selectors.device_timelines(organization_id(request), start, end)
-    for d in devices:
-        d["chart"] = charts.bar_chart(
-            d["labels"], [("batch energy", d["busy"]), ("idle energy", d["idle"])], unit="kWh", stacked=True
-        )
-    return render_page(request, "dashboard/energy.html", "energy", devices=devices, start=start, end=end)
+    return render_page(
+        request,
+        "dashboard/energy.html",
+        "energy",
+        devices=devices,
+        range_form=form,
+        range=rng,
+        range_query=rng["query"],
+    )
 
 
 @member
 def carbon_page(request: HttpRequest) -> HttpResponse:
-    end = timezone.now().astimezone(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
-    start = end - timedelta(days=7)
-    data = selectors.carbon_page(organization_id(request), start, end)
-    for entry in data["sites"]:
-        entry["chart"] = charts.bar_chart(
-            entry["hours"], [("g CO2e per facility kWh", entry["intensity"])], unit="g/kWh", height=180
+    form, rng = _range(request)
+    data = selectors.carbon_page(
+        organization_id(request), rng["start_at"], rng["end_at"], model=rng["model"], site_id=rng["site_id"]
+    )
+    step = "Hour (UTC)" if rng["end_at"] - rng["start_at"] <= timedelta(days=14) else "Day (UTC)"
+    for i, entry in enumerate(data["sites"]):
+        name = entry["site"].name if entry["site"] is not None else "(no site)"
+        entry["chart"] = charts.chart(
+            f"intensity-{i}",
+            f"{name}: grid intensity, location-based",
+            entry["hours"],
+            [("g CO2e per facility kWh", entry["intensity"])],
+            quantity="g/kWh",
+            x_title=step,
         )
-    return render_page(request, "dashboard/carbon.html", "carbon", data=data, start=start, end=end)
+    return render_page(
+        request,
+        "dashboard/carbon.html",
+        "carbon",
+        data=data,
+        range_form=form,
+        range=rng,
+        range_query=rng["query"],
+    )
 
 
 @member
@@ -109,7 +178,7 @@ def reports_page(request: HttpRequest) -> HttpResponse:
                 report = report_request(
                     organization=request.membership.organization,  # type: ignore[attr-defined]
                     start=form.cleaned_data["start"],
-                    end=form.cleaned_data["end"],
+                    end=form.cleaned_data["end_exclusive"],  # the form's last day is included
                     requested_by=f"user:{request.user}",
                 )
             except ServiceError as exc:
@@ -126,17 +195,47 @@ def reports_page(request: HttpRequest) -> HttpResponse:
     return render_page(request, "dashboard/reports.html", "reports", form=form, reports=reports)
 
 
+SETTINGS_SECTIONS = (
+    ("organization", "Organization"),
+    ("sites", "Sites"),
+    ("devices", "Devices"),
+    ("keys", "API keys"),
+    ("instruments", "Instruments"),
+    ("imports", "Factor imports"),
+)
+# The sub-page each form belongs to: a refused form is shown again there, its errors beside its fields.
+ACTION_SECTION = {
+    "profile": "organization",
+    "site": "sites",
+    "device": "devices",
+    "key": "keys",
+    "revoke": "keys",
+    "instrument": "instruments",
+    "upload": "imports",
+}
+# The keys the job runner makes for one run each ("job 12 run 1"): folded away under the others.
+JOB_KEY = re.compile(r"job \d+ run \d+")
+
+
 @member
-def settings_page(request: HttpRequest) -> HttpResponse:
+def settings_page(request: HttpRequest, section: str = "organization") -> HttpResponse:
     org_id = organization_id(request)
     org = request.membership.organization  # type: ignore[attr-defined]
     action = request.POST.get("action") if request.method == "POST" else None
+    section = ACTION_SECTION.get(action or "", section)
+    done = f"/dashboard/settings/{section}"
     if action and not can(request, "admin"):
         raise PermissionDenied("changing settings needs the admin role")
     site_form = forms.SiteForm(request.POST if action == "site" else None, prefix="site")
     key_form = forms.ApiKeyForm(request.POST if action == "key" else None, prefix="key")
     instrument_form = forms.InstrumentForm(
         request.POST if action == "instrument" else None, prefix="instrument"
+    )
+    profile = ReportingProfile.objects.filter(organization_id=org_id).first()
+    profile_form = forms.ResponsiblePersonForm(
+        request.POST if action == "profile" else None,
+        prefix="profile",
+        initial={"responsible_person": profile.responsible_person if profile else ""},
     )
     upload_form = forms.FactorUploadForm(
         request.POST if action == "upload" else None,
@@ -149,9 +248,19 @@ def settings_page(request: HttpRequest) -> HttpResponse:
         try:
             carbon.site_create(organization=org, **site_form.cleaned_data)
             messages.success(request, f"Site {site_form.cleaned_data['name']} created.")
-            return HttpResponseRedirect("/dashboard/settings")
+            return HttpResponseRedirect(done)
         except ServiceError as exc:
             _error(site_form, exc, ("zone", "name", "pue"))
+    elif action == "profile" and profile_form.is_valid():
+        try:
+            responsible_person_set(
+                organization=org, responsible_person=profile_form.cleaned_data["responsible_person"]
+            )
+        except ServiceError as exc:
+            profile_form.add_error("responsible_person", str(exc))
+        else:
+            messages.success(request, "Responsible person saved.")
+            return HttpResponseRedirect(done)
     elif action == "key" and key_form.is_valid():
         created = api_key_create(
             organization=org, scopes=key_form.cleaned_data["scopes"], name=key_form.cleaned_data["name"]
@@ -162,7 +271,7 @@ def settings_page(request: HttpRequest) -> HttpResponse:
         if key is not None:
             api_key_revoke(api_key=key)
             messages.success(request, f"Key {key.prefix} revoked.")
-        return HttpResponseRedirect("/dashboard/settings")
+        return HttpResponseRedirect(done)
     elif action == "instrument" and instrument_form.is_valid():
         data = dict(instrument_form.cleaned_data)
         chosen = set(data.pop("criteria"))
@@ -172,7 +281,7 @@ def settings_page(request: HttpRequest) -> HttpResponse:
                 organization=org, quality_criteria=criteria, created_by=str(request.user), **data
             )
             messages.success(request, f"Instrument {data['instrument_id']} recorded.")
-            return HttpResponseRedirect("/dashboard/settings")
+            return HttpResponseRedirect(done)
         except ServiceError as exc:
             _error(instrument_form, exc, ("vintage_start", "vintage_end", "mwh", "instrument_id", "zone"))
     elif action == "upload" and upload_form.is_valid():
@@ -218,12 +327,16 @@ def settings_page(request: HttpRequest) -> HttpResponse:
                 if device is not None
                 else "no such device in your organization",
             )
-        return HttpResponseRedirect("/dashboard/settings")
+        return HttpResponseRedirect(done)
     devices = Device.objects.filter(site__organization_id=org_id).select_related("site")
+    keys = list(ApiKey.objects.filter(organization_id=org_id))
     return render_page(
         request,
         "dashboard/settings.html",
         "settings",
+        section=section,
+        sections=SETTINGS_SECTIONS,
+        job_keys=[k for k in keys if JOB_KEY.fullmatch(k.name)],
         sites=Site.objects.filter(organization_id=org_id).prefetch_related("pue_records"),
         devices=[
             (
@@ -236,17 +349,19 @@ def settings_page(request: HttpRequest) -> HttpResponse:
                         "lifetime_years": d.lifetime_years,
                     },
                     organization_id=org_id,
+                    auto_id=f"id_device{n}_%s",
                 ),
             )
-            for d in devices
+            for n, d in enumerate(devices)
         ],
-        keys=ApiKey.objects.filter(organization_id=org_id),
+        keys=[k for k in keys if not JOB_KEY.fullmatch(k.name)],
         instruments=carbon_instruments(org_id),
         imports=FactorImport.objects.filter(organization_id=org_id)[:20],
         site_form=site_form,
         key_form=key_form,
         instrument_form=instrument_form,
         upload_form=upload_form,
+        profile_form=profile_form,
         upload_result=upload_result,
         new_key=new_key,
     )
@@ -267,8 +382,18 @@ def _error(form: Any, exc: ServiceError, fields: tuple[str, ...]) -> None:
 
 
 def home(request: HttpRequest) -> HttpResponse:
-    return render(
-        request,
-        "home.html",
-        {"model_repository": settings.MODEL_REPOSITORY, "attributions": factor_attributions()},
-    )
+    """Signed-in users go to the overview; a visitor sees how to log in and where the API docs are (never a
+    path of the server)."""
+    if request.user.is_authenticated:
+        return HttpResponseRedirect("/dashboard/")
+    return render(request, "home.html", {"attributions": factor_attributions()})
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """The 404 page in the product's layout, with the dashboard's navigation for a member."""
+    context: dict[str, Any] = {"page": "not found"}
+    if request.user.is_authenticated:
+        membership = Membership.objects.select_related("organization").filter(user=request.user).first()
+        if membership is not None:
+            context.update(org=membership.organization, role=membership.role)
+    return render(request, "404.html", context, status=404)

@@ -19,7 +19,7 @@ from tests.support.gateway_process import REPO_ROOT, GatewayProcess, gateway_env
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = REPO_ROOT / "test-artifacts" / "screenshots"
 PASSWORD = "a-long-test-password-42"
-PAGES = ("", "models", "energy", "carbon", "reports", "jobs", "settings")
+PAGES = ("", "models", "energy", "carbon", "reports", "jobs", "settings", "settings/sites", "settings/keys")
 
 
 @pytest.fixture(scope="module")
@@ -83,14 +83,17 @@ def test_every_page_opens_without_a_console_error_and_is_kept_as_a_screenshot(pa
         response = page.goto(f"/dashboard/{name}")
         assert response is not None and response.status == 200, name
         page.wait_for_load_state("networkidle")
-        page.screenshot(path=str(SCREENSHOTS / f"{name or 'overview'}.png"), full_page=True)
+        page.screenshot(
+            path=str(SCREENSHOTS / f"{(name or 'overview').replace('/', '-')}.png"), full_page=True
+        )
     assert page.console_errors == []  # type: ignore[attr-defined]
 
 
 def test_the_overview_shows_the_demo_ledger(page: Page) -> None:
     text = page.inner_text("main")
-    assert "This month" in text and "t CO2e" in text
-    assert page.locator("svg rect").count() > 10  # the trend charts have bars
+    assert "This month" in text and "CO2e" in text
+    page.wait_for_selector(".chart .uplot canvas")  # the trend charts, drawn in the browser
+    assert page.locator(".chart details table tbody tr").count() > 10  # and their figures as tables
     footer = page.inner_text("footer")
     assert "Ember" in footer and "CC BY 4.0" in footer  # the factors' attribution
 
@@ -112,7 +115,7 @@ def test_a_report_is_requested_watched_and_its_pdf_downloaded(page: Page, tmp_pa
 
 
 def test_a_settings_form_rejects_bad_input_next_to_the_field(page: Page) -> None:
-    page.goto("/dashboard/settings")
+    page.goto("/dashboard/settings/sites")
     page.fill("#id_site-name", "paris-2")
     page.fill("#id_site-zone", "XX-NOWHERE")
     page.fill("#id_site-pue", "1.3")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from unittest import mock
 
 import pytest
@@ -22,6 +22,14 @@ from tests.support.accounts import PASSWORD, signed_in
 
 pytestmark = pytest.mark.django_db
 STYLESHEET = "/static/carbonledger/site.css"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> None:
+    # The filters' model list is cached per organization id, and a rolled-back test frees its ids for reuse.
+    from django.core.cache import cache
+
+    cache.clear()
 
 
 @pytest.fixture
@@ -140,3 +148,127 @@ def test_a_users_password_is_reset_with_a_documented_command() -> None:
     assert Client().login(username="ops", password="new-long-password-55")
     docs = (settings.BASE_DIR / "docs" / "dashboard-and-api.md").read_text()
     assert "manage.py changepassword" in docs
+
+
+SETTINGS = ("organization", "sites", "devices", "keys", "instruments", "imports")
+
+
+def test_settings_are_sub_pages_with_human_labels_and_units(org: Organization) -> None:
+    client = signed_in(org, "admin")
+    pages = {name: client.get(f"/dashboard/settings/{name}").content.decode() for name in SETTINGS}
+    for name, html in pages.items():
+        assert all(f'href="/dashboard/settings/{other}"' in html for other in SETTINGS), name
+    assert "PUE (facility energy / IT energy)" in pages["sites"] and 'id="site-form"' in pages["sites"]
+    assert 'id="site-form"' not in pages["keys"]  # one subject per page
+    assert "Energy covered (MWh)" in pages["instruments"]
+    assert "Emission rate (g CO2e/kWh)" in pages["instruments"]
+    assert "Embodied emissions (kg CO2e)" in pages["devices"]
+    for raw in (">Pue<", ">Mwh<", "Intensity g per kwh", ">Pue source<"):
+        assert all(raw not in html for html in pages.values()), raw
+
+
+def test_every_device_input_has_its_own_label(org: Organization) -> None:
+    html = signed_in(org, "admin").get("/dashboard/settings/devices").content.decode()
+    fields = re.findall(r"<(?:input|select)\b[^>]*>", html)
+    visible = [f for f in fields if 'type="hidden"' not in f]
+    inputs = [m.group(1) for f in visible if (m := re.search(r'\bid="(id_device\d+_[a-z_]+)"', f))]
+    assert len(inputs) >= 3
+    for input_id in inputs:
+        assert f'<label for="{input_id}"' in html, input_id
+
+
+def test_a_refused_settings_form_comes_back_on_its_sub_page_with_the_error_at_the_field(
+    org: Organization,
+) -> None:
+    client = signed_in(org, "admin")
+    refused = client.post(
+        "/dashboard/settings/sites",
+        {
+            "action": "site",
+            "site-name": "x1",
+            "site-zone": "ZZ",
+            "site-pue": "1.2",
+            "site-pue_source": "declared",
+            "site-pue_relative_uncertainty": "0.05",
+            "site-electricity": "owned",
+        },
+    )
+    assert refused.context["section"] == "sites"
+    html = refused.content.decode()
+    error_at = html.index("unknown grid zone")
+    assert error_at < html.index('id="id_site-zone"') < error_at + 600  # beside the field, not at the top
+
+
+def test_per_job_keys_are_folded_out_of_the_key_list(org: Organization) -> None:
+    from tenancy.services import api_key_create
+
+    api_key_create(organization=org, scopes="read", name="ci")
+    for run in range(3):
+        api_key_create(organization=org, scopes="infer", name=f"job 7 run {run}")
+    html = signed_in(org, "admin").get("/dashboard/settings/keys").content.decode()
+    listed = html[html.index('id="keys"') : html.index("</table>", html.index('id="keys"'))]
+    folded = html[html.index('id="job-keys"') :]
+    assert ">ci<" in listed and "job 7 run" not in listed
+    assert folded.count("job 7 run") == 3 and "3 key(s) made by the job runner" in folded
+
+
+def test_the_api_docs_show_the_authorization_header_whole() -> None:
+    schema = Client().get("/api/schema/", {"format": "json"}).json()
+    assert "`Authorization: Bearer <API key>`" in schema["info"]["description"]
+
+
+def test_the_job_forms_example_deadline_is_ahead(org: Organization) -> None:
+    html = signed_in(org, "admin").get("/dashboard/jobs").content.decode()
+    example = re.search(r"e\.g\. (\d{4}-\d{2}-\d{2}) 18:00", html)
+    assert example and example.group(1) > datetime.now(UTC).strftime("%Y-%m-%d")
+
+
+def test_the_range_and_filters_of_a_page_and_the_api_select_the_same_rollups(org: Organization) -> None:
+    from decimal import Decimal
+
+    from rest_framework.test import APIClient
+
+    from carbon.models import HourlyRollup
+
+    client = signed_in(org, "viewer")
+    api = signed_in(org, "analyst", client=APIClient())
+    row = HourlyRollup.objects.filter(organization=org, kind="request").exclude(site=None).first()
+    assert row is not None
+    day = row.hour.date()
+    query = {"preset": "", "start": day.isoformat(), "end": day.isoformat(), "model": row.model}
+    query["site"] = str(row.site_id)
+    page = client.get("/dashboard/", query)
+    assert page.status_code == 200
+    shown = page.context["data"]["range"]
+    api_end = (day + timedelta(days=1)).isoformat()  # the last day is included: the API's end is the next
+    rows = api.get(
+        "/api/v1/rollups",
+        {"start": day.isoformat(), "end": api_end, "step": "day", "model": row.model, "site": row.site_id},
+    ).json()["results"]
+    assert len(rows) == 1
+    assert shown["requests"] == rows[0]["requests"] > 0
+    assert shown["location_g"] == Decimal(str(rows[0]["location_co2e_g"]))
+    everything = api.get("/api/v1/rollups", {"start": day.isoformat(), "end": api_end}).json()["results"]
+    assert everything[0]["requests"] >= rows[0]["requests"]
+    # The page's links keep the range and the filters.
+    link = re.search(r'href="(/dashboard/energy[^"]*)"', page.content.decode())
+    assert link and f"start={day}" in link.group(1) and f"model={row.model}" in link.group(1), link
+    assert api.get("/api/v1/rollups", {"site": "²"}).status_code == 400
+
+
+def test_a_bad_range_is_refused_beside_its_field_and_the_default_range_shown(org: Organization) -> None:
+    page = signed_in(org, "viewer").get(
+        "/dashboard/carbon", {"preset": "", "start": "2026-02-10", "end": "2026-02-01"}
+    )
+    assert page.status_code == 200
+    form = page.context["range_form"]
+    assert "before the first" in form.errors["end"][0]
+    assert page.context["range"]["end"] - page.context["range"]["first"] == timedelta(days=30)
+
+
+def test_a_preset_range_shows_its_first_and_last_day(org: Organization) -> None:
+    page = signed_in(org, "viewer").get("/dashboard/energy", {"preset": "last_7_days"})
+    today = datetime.now(UTC).date()
+    html = page.content.decode()
+    assert f'value="{today - timedelta(days=6)}"' in html and f'value="{today}"' in html
+    assert page.context["range"]["end"] - page.context["range"]["first"] == timedelta(days=7)

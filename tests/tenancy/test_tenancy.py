@@ -48,7 +48,19 @@ A_SLUG, B_SLUG = "alpha-tenant", "bravo-tenant"
 SKIPPED_PREFIXES = ("admin/", "static/")
 # Pages outside /api/v1/ and /dashboard/ that anyone may open: the home page, the account pages and the API's
 # documentation (schema and Swagger UI page, which describe the API and hold no organization's data).
-ACCOUNT_PAGES = frozenset({"home", "login", "logout", "password_change", "password_change_done"})
+ACCOUNT_PAGES = frozenset(
+    {
+        "home",
+        "login",
+        "logout",
+        "password_change",
+        "password_change_done",
+        "password_reset",
+        "password_reset_done",
+        "password_reset_confirm",
+        "password_reset_complete",
+    }
+)
 DOC_PAGES = frozenset({"api-schema", "api-docs"})
 ALL_CRITERIA = dict.fromkeys(
     (
@@ -353,6 +365,8 @@ def _a_params(world: World) -> dict[str, list[dict[str, Any]]]:
         "api-job-retry": [{"pk": world.a_job_id}],
         "dashboard-job": [{"pk": world.a_job_id}],
         "dashboard-job-retry": [{"pk": world.a_job_id}],
+        # A reset link's user and token; a wrong one answers the page saying the link no longer works.
+        "password_reset_confirm": [{"uidb64": "MQ", "token": "not-a-token"}],
     }
 
 
@@ -651,6 +665,7 @@ def test_the_walker_finds_and_can_fill_every_url_pattern_of_the_project() -> Non
         "api-job-retry",
         "dashboard-job",
         "dashboard-job-retry",
+        "password_reset_confirm",
     }
     unfillable = [r.route for r in routes if r.params and r.name not in fillable]
     assert unfillable == [], f"new parameterised routes the walker cannot fill: {unfillable}"
@@ -732,9 +747,14 @@ def test_the_first_organization_sees_its_own_data_through_the_same_walker(world:
     recalculated = next(h for h in hits if h.route.name == "api-report-recalculate" and h.method == "POST")
     assert recalculated.status == 202
     # And the dashboard shows an admin of A its keys, instruments and private import.
-    settings_page = _session_client(world.a).get("/dashboard/settings")
-    assert settings_page.status_code == 200
-    for text in (world.a.key_prefix, world.a_instrument_id, "alpha-private-factors.csv"):
+    admin = _session_client(world.a)
+    for section, text in (
+        ("keys", world.a.key_prefix),
+        ("instruments", world.a_instrument_id),
+        ("imports", "alpha-private-factors.csv"),
+    ):
+        settings_page = admin.get(f"/dashboard/settings/{section}")
+        assert settings_page.status_code == 200
         assert text.encode() in settings_page.content
 
 
