@@ -26,7 +26,11 @@ lint: $(STAMP)
 /usr/bin/chromium:
 	apt-get install -y --no-install-recommends chromium || (apt-get update && apt-get install -y --no-install-recommends chromium)
 
+# HAProxy, the real load balancer of the fleet test (tests/fleet), from Debian's packages likewise.
+/usr/sbin/haproxy:
+	apt-get install -y --no-install-recommends haproxy || (apt-get update && apt-get install -y --no-install-recommends haproxy)
+
 # The whole suite on SQLite, then again on PostgreSQL when DATABASE_URL is set.
-test: $(STAMP) /usr/bin/chromium lint
+test: $(STAMP) /usr/bin/chromium /usr/sbin/haproxy lint
 	env -u DATABASE_URL $(VENV)/bin/python -m pytest
 	if [ -n "$$DATABASE_URL" ]; then $(VENV)/bin/python -m pytest; fi
