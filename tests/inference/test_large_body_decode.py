@@ -37,7 +37,7 @@ def _slow_bytes_body(elements: int) -> tuple[bytes, int]:
 
 
 def test_small_requests_are_answered_while_a_large_body_is_decoded(tmp_path: Path) -> None:
-    body, header_length = _slow_bytes_body(2_500_000)
+    body, header_length = _slow_bytes_body(6_000_000)
     with serve_edge_gateway(tmp_path / "models", max_body=32 * MiB) as (address, _spy):
         session = requests.Session()
         assert post(session, address, "linear", good_linear_body()).status_code == 200  # warm
@@ -59,6 +59,7 @@ def test_small_requests_are_answered_while_a_large_body_is_decoded(tmp_path: Pat
             latencies.append(time.monotonic() - started)
         sender.join(60)
         assert big["status"] == 400
-        assert big["seconds"] > 1.0, "the large body decoded too fast to show anything"
+        assert big["seconds"] > 0.8, "the large body decoded too fast to show anything"
         assert latencies, "no small request was sent while the large body was decoded"
-        assert max(latencies) < 0.5, (latencies, big)
+        # Waiting behind the decoding, a small request would take most of it; beside it, a fraction.
+        assert max(latencies) < min(0.5, float(big["seconds"]) / 3), (latencies, big)
