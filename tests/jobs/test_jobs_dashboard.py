@@ -143,7 +143,9 @@ def test_a_finished_job_shows_its_emissions_and_the_labelled_counterfactual(
     # As checked by hand in test_jobs_services: 3.6 J x PUE 1.5 x 50 g/kWh; 300 g/kWh at submission.
     # Through the one number formatter (3-4 significant figures, the uncertainty in the value's unit).
     assert "3.6 J of IT energy" in page and "<strong>0.0000750 g ± " in page
-    assert "<strong>0.00045 g CO2e</strong>" in page and "avoided by the chosen window: 0.000375 g CO2e" in page
+    assert (
+        "<strong>0.00045 g CO2e</strong>" in page and "avoided by the chosen window: 0.000375 g CO2e" in page
+    )
     assert "estimate outside the inventory" in page
     assert "Download the outputs (JSON Lines)" in page and f"/api/v1/jobs/{job.pk}/outputs" in page
 
