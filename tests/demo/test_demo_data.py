@@ -11,13 +11,13 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from demo.showcase import DemoData, load_demo
 from django.test import Client
 
 from carbon import co2e
 from carbon.models import ContractualInstrument, EmissionFactor, HourlyRollup, InstrumentCertificate
 from carbon.selectors import carbon_summary, factor_set, grid_signal, rollup_totals
 from carbon.services import load_shipped_factors
+from demo.showcase import DemoData, load_demo
 from ledger.writer import default_site
 from reports.models import ReportingProfile
 from tenancy.models import Device, Organization, Site
