@@ -168,6 +168,11 @@ def _with_uncertainty(value: Number, uncertainty: Number, units: tuple[tuple[str
     )
     decimals = min(max(by_uncertainty, low), high)
     shown_v = _quantize(v_unit, decimals)
+    if decimals and shown_v != 0 and shown_v.adjusted() > v_unit.adjusted():
+        # Rounding carried into the next power of ten (0.0000099995 -> 0.000010000): one place fewer keeps the
+        # figures within 3 to 4.
+        decimals -= 1
+        shown_v = _quantize(v_unit, decimals)
     shown_u = _quantize(u_unit, decimals, ROUND_CEILING)
     return f"{_text(shown_v, strip=False)} {unit} {PLUS_MINUS} {_text(shown_u, strip=False)} {unit}"
 
