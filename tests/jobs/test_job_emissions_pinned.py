@@ -225,6 +225,7 @@ def _named(text: str, job: Job) -> str:
 
     text = re.sub(r'("factor_id": ")(\d+)(")', factor, text)
     text = re.sub(r"(<td>)(\d+)( \()", factor, text)  # the dashboard's factor column
+    text = re.sub(r'(title="emission factor )(\d+)(")', factor, text)  # the factor column's hover text
     # The dashboard escapes the apostrophe of the notes.
     return re.sub(rf"(the job(?:'|&#x27;)s site ){job.site_id} ", rf"\g<1>{job.site.name} ", text)
 
