@@ -187,17 +187,19 @@ class InferenceCore:
         reaches ``future``, or the call's ``on_done`` once the caller sets it (on the event loop, before the
         batch can complete).
         """
+        return self.submit_request(
+            mv, self.decode(mv, body, header_length, received), principal, received, future
+        )
+
+    @staticmethod
+    def decode(mv: ModelVersion, body: bytes, header_length: bytes | None, received: int) -> InferRequest:
+        """Decodes and checks an infer request body for ``mv``, counting a refusal in its statistics; any thread
+        may call it (the statistics take their own lock, and decoding touches nothing shared)."""
         try:
-            req = self.decode(body, header_length)
+            return decode_request(body, parse_header_length(header_length, len(body)))
         except InferenceError:
             mv.stats.record_failure("OTHER", time.monotonic_ns() - received)
             raise
-        return self.submit_request(mv, req, principal, received, future)
-
-    @staticmethod
-    def decode(body: bytes, header_length: bytes | None) -> InferRequest:
-        """Decodes and checks an infer request body; touches nothing shared, so any thread may call it."""
-        return decode_request(body, parse_header_length(header_length, len(body)))
 
     def submit_request(
         self,

@@ -271,11 +271,7 @@ class Gateway:
         fut: asyncio.Future[Any] = loop.create_future()
         header_length = headers.get(b"inference-header-content-length")
         if len(body) >= DECODE_OFF_LOOP_BYTES:
-            try:
-                req = await loop.run_in_executor(_DECODER, core.decode, body, header_length)
-            except InferenceError:
-                mv.stats.record_failure("OTHER", time.monotonic_ns() - received)
-                raise
+            req = await loop.run_in_executor(_DECODER, core.decode, mv, body, header_length, received)
             pending = core.submit_request(mv, req, principal, received, fut)
         else:
             pending = core.submit(mv, body, header_length, principal, received, fut)
@@ -388,7 +384,7 @@ class DirectInfer:
             header_length = self._headers.get(b"inference-header-content-length")
             if len(body) >= DECODE_OFF_LOOP_BYTES:
                 decoding = asyncio.get_running_loop().run_in_executor(
-                    _DECODER, core.decode, body, header_length
+                    _DECODER, core.decode, mv, body, header_length, self.received_ns
                 )
                 decoding.add_done_callback(partial(self._decoded, mv, respond))
                 return
@@ -401,12 +397,9 @@ class DirectInfer:
     def _decoded(self, mv: ModelVersion, respond: Respond, decoding: asyncio.Future[InferRequest]) -> None:
         """A large body's decoding ended (on the event loop's thread, as a done callback)."""
         try:
-            try:
-                req = decoding.result()
-            except InferenceError:
-                mv.stats.record_failure("OTHER", time.monotonic_ns() - self.received_ns)
-                raise
-            pending = self._core.submit_request(mv, req, self._principal, self.received_ns, None)
+            pending = self._core.submit_request(
+                mv, decoding.result(), self._principal, self.received_ns, None
+            )
         except Exception as exc:
             self._refuse(respond, exc)
             return
