@@ -20,7 +20,6 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +32,6 @@ from tests.support.gateway_process import (
     REPO_ROOT,
     LedgerDatabase,
     LoadClients,
-    fresh_postgres_database,
     gateway_env,
     manage,
     postgres_url_from_env,
@@ -203,13 +201,6 @@ class Watcher:
                 )
                 self.connections.append(int(rows[0][0]))
             self.stop.wait(0.1)
-
-
-@pytest.fixture
-def fleet_database() -> Iterator[str]:
-    assert POSTGRES is not None
-    with fresh_postgres_database(POSTGRES) as url:
-        yield url
 
 
 @needs_fleet

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.carbonledger.test_beat import INTERVAL_S, REDIS_URL, WINDOW_S, BeatProcess, RollupMessages
-from tests.fleet.test_fleet import Process, fleet_database  # noqa: F401 (a fixture)
+from tests.fleet.test_fleet import Process
 from tests.support.gateway_process import (
     DEMO_LINEAR,
     PYTHON,
@@ -61,7 +61,7 @@ def _ready(port: int, key: str) -> bool:
 
 def test_two_replicas_share_one_database_without_losing_doubling_or_jamming_anything(
     tmp_path: Path,
-    fleet_database: str,  # noqa: F811
+    fleet_database: str,
 ) -> None:
     database = fleet_database.rsplit("/", 1)[1]
     db = LedgerDatabase(postgres_url=fleet_database)
