@@ -7,7 +7,6 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from drf_spectacular.generators import SchemaGenerator
 from rest_framework.decorators import api_view, permission_classes, renderer_classes
 from rest_framework.permissions import AllowAny
 from rest_framework.renderers import JSONRenderer
@@ -15,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.openapi import doc
+from api.schema import SchemaGenerator
 
 DOCS, SCHEMA = "/api/docs/", "/api/schema/"
 METHODS = ("get", "post", "put", "patch", "delete")

@@ -149,6 +149,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # One schema build at a time per process: drf-spectacular's generation state is global (api/schema.py).
+    "DEFAULT_GENERATOR_CLASS": "api.schema.SchemaGenerator",
 }
 
 # -- inference gateway --------------------------------------------------------------------
