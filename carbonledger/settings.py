@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -286,6 +287,8 @@ ROLLUP_INTERVAL_S = env_float("ROLLUP_INTERVAL_S", 60.0, minimum=1.0)
 # Ledger verification: the new records every LEDGER_VERIFY_INTERVAL_S, every record once a day.
 LEDGER_VERIFY_INTERVAL_S = env_float("LEDGER_VERIFY_INTERVAL_S", 600.0, minimum=1.0)
 LEDGER_FULL_VERIFY_INTERVAL_S = env_float("LEDGER_FULL_VERIFY_INTERVAL_S", 86400.0, minimum=60.0)
+# Verification runs in this many processes (hashing is CPU-bound Python), across chains and within one.
+LEDGER_VERIFY_WORKERS = env_int("LEDGER_VERIFY_WORKERS", min(4, os.cpu_count() or 1), minimum=1, maximum=256)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "rollups-update": {"task": "carbonledger.rollups_update", "schedule": ROLLUP_INTERVAL_S},
     "ledger-verify": {"task": "carbonledger.verify_ledger", "schedule": LEDGER_VERIFY_INTERVAL_S},

@@ -21,7 +21,7 @@ from ledger.models import (
 )
 from ledger.records import GENESIS, KINDS, link_hash, normalize
 from ledger.selectors import quarantine_rows
-from ledger.verify import verify_chain
+from ledger.verify import verify_chains
 from ledger.writer import (
     QUARANTINE_ERROR_CHARS,
     append_marker,
@@ -76,35 +76,38 @@ def ledger_adjust(
     return adj
 
 
-def ledger_verify(*, full: bool = False) -> list[Any]:
+def ledger_verify(*, full: bool = False, workers: int | None = None) -> list[Any]:
     """Verify every chain and record the result (a ``LedgerVerification`` per chain).
 
     Incremental by default: from the newest intact verification of each chain (the records up to it were
-    linked then; a later full run re-checks them). ``full`` starts every chain from genesis.
+    linked then; a later full run re-checks them). ``full`` starts every chain from genesis. The chains, and
+    segments of a long chain, are checked in ``workers`` processes (default ``LEDGER_VERIFY_WORKERS``).
     """
-    results = []
+    start = timezone.now()
+    starts = []
     for chain in LedgerChain.objects.order_by("pk"):
-        start = timezone.now()
         last = (
             None
             if full
             else LedgerVerification.objects.filter(chain=chain, problem="").order_by("-seq").first()
         )
         after_seq, after_hash = (last.seq, last.hash) if last is not None else (0, GENESIS)
-        report = verify_chain(chain, after_seq, after_hash)
-        results.append(
-            LedgerVerification.objects.create(
-                chain=chain,
-                from_seq=after_seq,
-                seq=chain.head_seq if report.broken is None else report.broken.seq - 1,
-                hash=chain.head_hash if report.broken is None else "",
-                records=report.records,
-                problem="" if report.broken is None else str(report.broken),
-                started_at=start,
-                finished_at=timezone.now(),
-            )
+        starts.append((chain, after_seq, after_hash))
+    reports = verify_chains(starts, workers=workers)
+    finished = timezone.now()
+    return [
+        LedgerVerification.objects.create(
+            chain=chain,
+            from_seq=after_seq,
+            seq=chain.head_seq if report.broken is None else report.broken.seq - 1,
+            hash=chain.head_hash if report.broken is None else "",
+            records=report.records,
+            problem="" if report.broken is None else str(report.broken),
+            started_at=start,
+            finished_at=finished,
         )
-    return results
+        for (chain, after_seq, _), report in zip(starts, reports, strict=True)
+    ]
 
 
 @dataclass(frozen=True)
