@@ -4,6 +4,9 @@ The tables keep the names they had in the ``carbonledger`` app (see carbonledger
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
 from django.db import models
 
 from tenancy.models import ApiKey, Organization
@@ -18,12 +21,49 @@ class LedgerChain(models.Model):
     head_seq = models.BigIntegerField(default=0)
     head_hash = models.CharField(max_length=64, default="0" * 64)
     spool_position = models.CharField(max_length=40, default="0:0")
+    # The period (yyyymm) of the head record: the next record is placed at this period or a later one, so that
+    # within a chain the period never decreases with seq (docs/ledger-partitioning.md). 0: no record yet.
+    head_period = models.IntegerField(default=0)
 
     class Meta:
         db_table = "carbonledger_ledgerchain"
 
     def __str__(self) -> str:
         return self.chain_id
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # The head's period moves with its seq: a caller saving the head it moved (``update_fields`` naming
+        # head_seq) saves the period it moved with it, without having to know about periods.
+        fields = kwargs.get("update_fields")
+        if fields is not None and "head_seq" in fields and "head_period" not in fields:
+            kwargs["update_fields"] = [*fields, "head_period"]
+        super().save(*args, **kwargs)
+
+
+_month: tuple[int, int, int] = (0, 0, 0)  # [start, end) in ns of the month last computed, and its period
+
+
+def period_of_ns(ns: int) -> int:
+    """The UTC month of a time in ns since the epoch, as an integer yyyymm (202611)."""
+    global _month
+    start, end, period = _month
+    if start <= ns < end:  # tens of thousands of records a second, nearly all in one month
+        return period
+    day = datetime.fromtimestamp(ns // 1_000_000_000, UTC)
+    first = datetime(day.year, day.month, 1, tzinfo=UTC)
+    following = datetime(day.year + day.month // 12, day.month % 12 + 1, 1, tzinfo=UTC)
+    period = day.year * 100 + day.month
+    _month = (int(first.timestamp()) * 1_000_000_000, int(following.timestamp()) * 1_000_000_000, period)
+    return period
+
+
+def own_period(value: Any) -> int | None:
+    """The period of a record's own time (``period_of_ns``); None when the value is no usable time (the
+    database or the normaliser then refuses the record, as they would without periods)."""
+    try:
+        return period_of_ns(int(value)) if type(value) is int else None
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 class ChainedRecord(models.Model):
@@ -36,9 +76,26 @@ class ChainedRecord(models.Model):
     seq = models.BigIntegerField()
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
+    # Placement, not content (not hashed): the month (yyyymm) this record is stored under, the partition that
+    # holds it on PostgreSQL. max(the chain's head period, the month of the record's own time): never less
+    # than the period of the record before it in its chain (docs/ledger-partitioning.md).
+    period = models.IntegerField()
+
+    # The column holding the record's own time (ns); None for kinds without one (they take the head's period).
+    time_field: ClassVar[str | None] = None
 
     class Meta:
         abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # The writer places every record it chains; one saved through the ORM (an adjustment) is placed here,
+        # by the same rule, on the chain object the caller holds locked and saves afterwards.
+        if self.period is None:
+            chain = self.chain
+            own = own_period(getattr(self, self.time_field)) if self.time_field else None
+            self.period = max(chain.head_period, own or 0)
+            chain.head_period = self.period
+        super().save(*args, **kwargs)
 
 
 class LedgerBatch(ChainedRecord):
@@ -55,6 +112,8 @@ class LedgerBatch(ChainedRecord):
     # The model variant that served the batch (e.g. fp32 or int8; empty for a model without variants).
     # Chained only when set, so records written before the column existed still verify.
     variant = models.CharField(max_length=64, default="", blank=True)
+
+    time_field = "start_ns"
 
     class Meta:
         db_table = "ledger_batch"
@@ -97,6 +156,8 @@ class LedgerRequest(ChainedRecord):
     # Chained only when set, so records written before the column existed still verify.
     variant = models.CharField(max_length=64, default="", blank=True)
 
+    time_field = "received_ns"
+
     class Meta:
         db_table = "ledger_request"
         constraints = [
@@ -122,6 +183,8 @@ class LedgerInterval(ChainedRecord):
     busy_ns = models.BigIntegerField()
     idle_ns = models.BigIntegerField()
 
+    time_field = "t0_ns"
+
     class Meta:
         db_table = "ledger_interval"
         constraints = [
@@ -146,6 +209,8 @@ class LedgerIdle(ChainedRecord):
         "estimates); with batches in the interval, energy_uj = min(interval energy, max(0, "
         "round(idle_power_w x idle_ns / 1000) + owed_in_uj)) in µJ",
     )
+
+    time_field = "t0_ns"
 
     class Meta:
         db_table = "ledger_idle"
@@ -208,6 +273,8 @@ class LedgerAdjustment(ChainedRecord):
     actor = models.CharField(max_length=200)
     created_ns = models.BigIntegerField()
 
+    time_field = "created_ns"
+
     class Meta:
         db_table = "ledger_adjustment"
         constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="ledger_adjustment_chain_seq")]
@@ -231,6 +298,8 @@ class LedgerQuarantineMarker(ChainedRecord):
         default=0, help_text="for retried and dismissed: the quarantine marker's seq"
     )
     created_ns = models.BigIntegerField()
+
+    time_field = "created_ns"
 
     class Meta:
         db_table = "ledger_quarantine_marker"

@@ -6,7 +6,7 @@ shares a core's time with it (bench/ledger_ingest.py, 60 s on PostgreSQL, same m
 An explicit child (``python -m ledger.preparer_child``) rather than a ``multiprocessing`` pool, whose
 spawned workers re-import the parent's ``__main__``: a script without a main guard would run again in it.
 The protocol on the child's standard input and output is a stream of pickles, one request and one answer at
-a time: first ``(dsn, password)``, then ``(lines joined by newlines, start, end, head)`` answered by ``("ok", PreparedChunk)``
+a time: first ``(dsn, password)``, then ``(lines joined by newlines, start, end, head)`` (head: chain pk, seq, hash, period) answered by ``("ok", PreparedChunk)``
 or ``("error", exception)``. The child leaves when its standard input closes, so a writer killed outright
 (SIGKILL) leaves no preparer behind.
 """
@@ -61,7 +61,7 @@ class PreparerProcess:
             raise PreparerFailed(f"the preparer process {self._proc.pid} is gone ({exc})") from None
 
     def send(
-        self, lines: list[bytes], start: SpoolPosition, end: SpoolPosition, head: tuple[int, int, str]
+        self, lines: list[bytes], start: SpoolPosition, end: SpoolPosition, head: tuple[int, int, str, int]
     ) -> None:
         if self._pending:
             raise RuntimeError("the preparer already holds a chunk: receive it first")

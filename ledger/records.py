@@ -45,10 +45,17 @@ class RecordKind:
     json_fields: tuple[str, ...] = ()
     # Raises ValueError, naming the problem, for a record whose fields disagree with each other.
     check: Callable[[dict[str, Any]], None] | None = None
+    # Whether the natural key names one record (an adjustment's target does not: it may have several).
+    unique_key: bool = True
 
     @property
     def table(self) -> str:
         return str(self.model._meta.db_table)
+
+    @property
+    def time_field(self) -> str | None:
+        """The field holding the record's own time in ns, which places it in a period; None: it has none."""
+        return self.model.time_field  # type: ignore[attr-defined, no-any-return]
 
 
 def _as_list(value: Any) -> Any:
@@ -180,6 +187,7 @@ KINDS: dict[str, RecordKind] = {
             LedgerAdjustment,
             ("target_kind", "target_id", "energy_delta_uj", "reason", "actor", "created_ns"),
             ("target_id",),
+            unique_key=False,
         ),
         RecordKind(
             "quarantine",
@@ -198,7 +206,8 @@ KINDS: dict[str, RecordKind] = {
         ),
     )
 }
-CHAIN_COLUMNS = ("chain_id", "seq", "prev_hash", "hash")
+# The columns every chained row starts with; ``period`` places the row (not hashed: docs/ledger-partitioning.md).
+CHAIN_COLUMNS = ("chain_id", "seq", "prev_hash", "hash", "period")
 # Kinds the ledger writes itself and never takes from a spool: a spool line claiming one is refused.
 WRITER_KINDS = frozenset({"quarantine"})
 

@@ -48,10 +48,18 @@ from psycopg.copy import Copy, FileWriter
 
 from inference.errors import THREAD_ERRORS, ThreadErrors
 from inference.spool import Spool, SpoolPosition, SpoolReader
-from ledger.models import LedgerChain, LedgerQuarantine, LedgerQuarantineMarker
+from ledger.models import LedgerChain, LedgerQuarantine, LedgerQuarantineMarker, own_period, period_of_ns
 from ledger.ownership import ChainLost, ChainOwnership
 from ledger.preparer import PreparerFailed, PreparerProcess
-from ledger.records import CHAIN_COLUMNS, KINDS, WRITER_KINDS, RecordKind, link_hash, normalize, normalizer
+from ledger.records import (
+    CHAIN_COLUMNS,
+    KINDS,
+    WRITER_KINDS,
+    RecordKind,
+    link_hash,
+    normalize,
+    normalizer,
+)
 from tenancy.models import Device, Site
 
 log = logging.getLogger(__name__)
@@ -61,6 +69,9 @@ log = logging.getLogger(__name__)
 # at 5 ms it waits and the database idles. Measured with bench/ledger_ingest.py on PostgreSQL:
 # 36.7k request records/s at 5 ms, 42.7k at 0.5 ms.
 DRAINER_SWITCH_INTERVAL_S = 0.0005
+
+# A chain's head as the writer carries it: (chain pk, head seq, head hash, head period).
+Head = tuple[int, int, str, int]
 
 # Insert order inside one transaction: what others refer to goes first.
 KIND_ORDER = ("batch", "req", "interval", "idle", "energy", "batch_energy", "adjustment", "quarantine")
@@ -106,7 +117,7 @@ _pg_types_cache: dict[str, list[str]] = {}
 def _pg_types(kind: RecordKind) -> list[str]:
     types = _pg_types_cache.get(kind.kind)
     if types is None:
-        types = ["int8", "int8", "text", "text"]  # chain_id, seq, prev_hash, hash
+        types = ["int8", "int8", "text", "text", "int4"]  # chain_id, seq, prev_hash, hash, period
         for name in kind.fields:
             field = kind.model._meta.get_field(name)
             types.append(_PG_TYPES[field.get_internal_type()])
@@ -209,9 +220,14 @@ class PreparedChunk:
     chain_pk: int | None = None
     head_seq: int = 0
     head_hash: str = ""
+    head_period: int = 0
     rows: dict[str, list[tuple[Any, ...]]] | None = None
     end_seq: int = 0
     end_hash: str = ""
+    end_period: int = 0
+    # The natural keys, per kind, of the records placed outside their own month or before the current one: only
+    # these can have a copy in another partition, which no unique index sees (``_held``).
+    early: dict[str, set[tuple[Any, ...]]] | None = None
     payloads: dict[str, bytes] | None = None  # binary COPY streams of ``rows``, per kind
     refused: str = ""  # why a record of the chunk could not be prepared (the chunk then stays unchained)
 
@@ -220,9 +236,9 @@ class PreparedChunk:
             self.records = _parse(self.raw or [])
         return self.records
 
-    def chain_from(self, head: tuple[int, int, str], copy_cursor: Any = None) -> None:
+    def chain_from(self, head: Head, copy_cursor: Any = None) -> None:
         try:
-            rows, end_seq, end_hash, devices = _chain(*head, self.parsed_records())
+            rows, end_seq, end_hash, end_period, devices, early = _chain(*head, self.parsed_records())
             payloads = (
                 {k: copy_payload(copy_cursor, KINDS[k], kind_rows) for k, kind_rows in rows.items()}
                 if copy_cursor is not None
@@ -231,8 +247,9 @@ class PreparedChunk:
         except _FORMAT_ERRORS as exc:
             self.refused = describe_error(exc)
             return
-        self.chain_pk, self.head_seq, self.head_hash = head
+        self.chain_pk, self.head_seq, self.head_hash, self.head_period = head
         self.rows, self.end_seq, self.end_hash, self.devices = rows, end_seq, end_hash, devices
+        self.end_period, self.early = end_period, early
         self.payloads = payloads
 
     @property
@@ -240,11 +257,11 @@ class PreparedChunk:
         return self.chain_pk is not None and (self.rows is not None or self.payloads is not None)
 
     @property
-    def end_head(self) -> tuple[int, int, str] | None:
+    def end_head(self) -> Head | None:
         """The chain head after this chunk, when it was chained ahead."""
         if not self.chained or self.chain_pk is None:
             return None
-        return self.chain_pk, self.end_seq, self.end_hash
+        return self.chain_pk, self.end_seq, self.end_hash, self.end_period
 
 
 def _parse(lines: list[bytes]) -> list[dict[str, Any]]:
@@ -260,12 +277,14 @@ def prepare_chunk(
     lines: list[bytes],
     start: SpoolPosition,
     end: SpoolPosition,
-    head: tuple[int, int, str] | None = None,
+    head: Head | tuple[int, int, str] | None = None,
     copy_cursor: Any = None,
 ) -> PreparedChunk:
-    """Parse ``lines`` and, given ``head`` = (chain pk, head seq, head hash), chain them from it
-    (and format their COPY streams, given a psycopg ``copy_cursor``). A line that cannot be taken leaves the
-    chunk unchained, with ``refused`` set."""
+    """Parse ``lines`` and, given ``head`` = (chain pk, head seq, head hash, head period; without a period: none
+    yet), chain them from it (and format their COPY streams, given a psycopg ``copy_cursor``). A line that cannot
+    be taken leaves the chunk unchained, with ``refused`` set."""
+    if head is not None and len(head) == 3:
+        head = (head[0], head[1], head[2], 0)
     chunk = PreparedChunk(start=start, end=end, lines=len(lines), devices=[], records=None, raw=lines)
     try:
         chunk.records = _parse(lines)
@@ -285,11 +304,11 @@ def commit_chunk(
     chunk: PreparedChunk,
     spool: Spool | SpoolReader | None = None,
     ownership: ChainOwnership | None = None,
-) -> tuple[int, tuple[int, int, str]]:
+) -> tuple[int, Head]:
     """Insert a chunk in one transaction with the chain head and the spool position it reaches.
 
     Returns how many chained records were written (quarantine markers included) and the chain's new head
-    (pk, seq, hash). Raises ``PositionMoved`` when the database checkpoint is not at ``chunk.start``. When a
+    (pk, seq, hash, period). Raises ``PositionMoved`` when the database checkpoint is not at ``chunk.start``. When a
     record of the chunk is refused for its data, the chunk is written line by line and that record quarantined;
     ``spool`` (the one the chunk was read from) gives each quarantined line its exact position. ``ownership``:
     the fencing check, first thing in the transaction (the lease row stays locked until the commit), raises
@@ -314,11 +333,11 @@ def commit_chunk(
             written = _salvage(chain, chunk, spool)
         with connection.cursor() as cur:
             cur.execute(
-                f"UPDATE {LedgerChain._meta.db_table} SET head_seq = %s, head_hash = %s, spool_position = %s "
-                "WHERE id = %s",
-                [chain.head_seq, chain.head_hash, chunk.end.encode(), chain.pk],
+                f"UPDATE {LedgerChain._meta.db_table} SET head_seq = %s, head_hash = %s, head_period = %s, "
+                "spool_position = %s WHERE id = %s",
+                [chain.head_seq, chain.head_hash, chain.head_period, chunk.end.encode(), chain.pk],
             )
-    return written, (chain.pk, chain.head_seq, chain.head_hash)
+    return written, (chain.pk, chain.head_seq, chain.head_hash, chain.head_period)
 
 
 def _write_chunk(chain: LedgerChain, chunk: PreparedChunk) -> int:
@@ -329,21 +348,30 @@ def _write_chunk(chain: LedgerChain, chunk: PreparedChunk) -> int:
             upsert_devices(chunk.devices)
     try:
         with transaction.atomic():
-            if chunk.chained and (chunk.chain_pk, chunk.head_seq, chunk.head_hash) == (
+            if chunk.chained and (chunk.chain_pk, chunk.head_seq, chunk.head_hash, chunk.head_period) == (
                 chain.pk,
                 chain.head_seq,
                 chain.head_hash,
+                chain.head_period,
             ):
-                _insert(chunk.rows, chunk.payloads)
-                written = chunk.end_seq - chain.head_seq
-                chain.head_seq, chain.head_hash = chunk.end_seq, chunk.end_hash
-                return written
-            return chain_and_insert(chain, chunk.parsed_records())
+                if not _held(chunk.early):
+                    _insert(chunk.rows, chunk.payloads)
+                    written = chunk.end_seq - chain.head_seq
+                    chain.head_seq, chain.head_hash = chunk.end_seq, chunk.end_hash
+                    chain.head_period = chunk.end_period
+                    return written
+            else:
+                rows, seq, prev, period, _devices, early = _chain(*_head_of(chain), chunk.parsed_records())
+                if not _held(early):
+                    _insert(rows)
+                    written = seq - chain.head_seq
+                    chain.head_seq, chain.head_hash, chain.head_period = seq, prev, period
+                    return written
     except IntegrityError as exc:
         if refused_by_database(exc):
             raise
-    # Only a record already in the ledger can collide (the same id spooled twice):
-    # drop those and chain the rest, so the ledger holds each id exactly once.
+    # Only a record already in the ledger can collide (the same id spooled twice; in another partition, found by
+    # ``_held`` before the insert): drop those and chain the rest, so the ledger holds each id exactly once.
     with transaction.atomic():
         return chain_and_insert(chain, without_existing(chunk.parsed_records()))
 
@@ -482,12 +510,14 @@ def _write_run(chain: LedgerChain, run: list[_Line]) -> int:
     # Chained outside the try: every record was screened (it normalises), so only the database's or the
     # driver's refusal of a value below is the run's fault; anything raised here is a bug, and is raised.
     records = [line.record for line in run if line.record is not None]
-    rows, seq, prev, _devices = _chain(chain.pk, chain.head_seq, chain.head_hash, records)
+    rows, seq, prev, period, _devices, early = _chain(*_head_of(chain), records)
+    if _held(early):
+        return _write_run(chain, _without_existing_items(run, lambda line: line.record or {}))
     try:
         with transaction.atomic():
             _insert(rows)
         written = seq - chain.head_seq
-        chain.head_seq, chain.head_hash = seq, prev
+        chain.head_seq, chain.head_hash, chain.head_period = seq, prev, period
         return written
     except Exception as exc:
         if isinstance(exc, IntegrityError) and not refused_by_database(exc):
@@ -570,8 +600,9 @@ def append_marker(chain: LedgerChain, **fields: Any) -> int:
     values = normalize(kind, record)
     seq = chain.head_seq + 1
     digest = link_hash(chain.head_hash, kind.kind, seq, values)
-    bulk_insert(kind, [(chain.pk, seq, chain.head_hash, digest, *values)])
-    chain.head_seq, chain.head_hash = seq, digest
+    period = max(chain.head_period, own_period(record["created_ns"]) or 0) or period_of_ns(time.time_ns())
+    bulk_insert(kind, [(chain.pk, seq, chain.head_hash, digest, period, *values)])
+    chain.head_seq, chain.head_hash, chain.head_period = seq, digest, period
     return seq
 
 
@@ -582,7 +613,10 @@ def _lock_chain(chain_id: str) -> LedgerChain:
     chunk being prepared, where the ORM's Python cost about 25 ms a chunk (measured).
     """
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-    sql = f"SELECT id, head_seq, head_hash, spool_position FROM {LedgerChain._meta.db_table} WHERE chain_id = %s{lock}"
+    sql = (
+        f"SELECT id, head_seq, head_hash, head_period, spool_position FROM {LedgerChain._meta.db_table} "
+        f"WHERE chain_id = %s{lock}"
+    )
     with connection.cursor() as cur:
         cur.execute(sql, [chain_id])
         row = cur.fetchone()
@@ -590,10 +624,19 @@ def _lock_chain(chain_id: str) -> LedgerChain:
             LedgerChain.objects.get_or_create(chain_id=chain_id)
             cur.execute(sql, [chain_id])
             row = cur.fetchone()
-    pk, head_seq, head_hash, position = row
+    pk, head_seq, head_hash, head_period, position = row
     return LedgerChain(
-        pk=pk, chain_id=chain_id, head_seq=head_seq, head_hash=head_hash, spool_position=position
+        pk=pk,
+        chain_id=chain_id,
+        head_seq=head_seq,
+        head_hash=head_hash,
+        head_period=head_period,
+        spool_position=position,
     )
+
+
+def _head_of(chain: LedgerChain) -> Head:
+    return chain.pk, chain.head_seq, chain.head_hash, chain.head_period
 
 
 def append_records(chain_id: str, records: list[dict[str, Any]]) -> int:
@@ -603,22 +646,28 @@ def append_records(chain_id: str, records: list[dict[str, Any]]) -> int:
         chain, _ = LedgerChain.objects.get_or_create(chain_id=chain_id)
         chain = LedgerChain.objects.select_for_update().get(pk=chain.pk)
         written = chain_and_insert(chain, records)
-        chain.save(update_fields=["head_seq", "head_hash"])
+        chain.save(update_fields=["head_seq", "head_hash", "head_period"])
     return written
 
 
 def _chain(
-    chain_pk: int, seq: int, prev: str, records: list[dict[str, Any]]
-) -> tuple[dict[str, list[tuple[Any, ...]]], int, str, list[dict[str, Any]]]:
-    """Rows per kind for ``records`` chained after (seq, prev), the new head seq and hash, and the
-    device records met on the way (not chained: a device's facts are upserted).
+    chain_pk: int, seq: int, prev: str, period: int, records: list[dict[str, Any]]
+) -> tuple[
+    dict[str, list[tuple[Any, ...]]], int, str, int, list[dict[str, Any]], dict[str, set[tuple[Any, ...]]]
+]:
+    """Rows per kind for ``records`` chained after (seq, prev) and placed from ``period`` on; the new head seq,
+    hash and period; the device records met on the way (not chained: a device's facts are upserted); and the
+    natural keys of the records placed early (``PreparedChunk.early``).
 
-    The normalizers are looked up once: this loop runs for every record, and the writer's rate is
-    bounded by it (bench/ledger_ingest.py).
+    A record's period is max(the period before it, the month of its own time): never less than the record
+    before it (docs/ledger-partitioning.md). The normalizers are looked up once: this loop runs for every
+    record, and the writer's rate is bounded by it (bench/ledger_ingest.py).
     """
     rows: dict[str, list[tuple[Any, ...]]] = {}
     devices: list[dict[str, Any]] = []
+    early: dict[str, set[tuple[Any, ...]]] = {}
     fns = {k: normalizer(kind) for k, kind in KINDS.items() if k not in WRITER_KINDS}
+    now = period_of_ns(time.time_ns())
     for rec in records:
         k = rec.get("k")
         fn = fns.get(k)
@@ -632,11 +681,26 @@ def _chain(
             values = fn(rec)
         except KeyError:
             values = normalize(KINDS[k], rec)  # raises, naming the field
+        kind = KINDS[k]
+        own = own_period(rec.get(kind.time_field)) if kind.time_field else None
+        if own is not None and own > period:
+            period = own
+        elif period == 0:
+            period = own or now  # the chain's first record, without a time of its own: this month
+        if (own is not None and own != period) or period < now:
+            early.setdefault(k, set()).add(tuple(rec.get(name) for name in kind.natural_key))
         seq += 1
         digest = link_hash(prev, k, seq, values)
-        rows.setdefault(k, []).append((chain_pk, seq, prev, digest, *values))
+        rows.setdefault(k, []).append((chain_pk, seq, prev, digest, period, *values))
         prev = digest
-    return rows, seq, prev, devices
+    return rows, seq, prev, period, devices, early
+
+
+def _held(early: dict[str, set[tuple[Any, ...]]] | None) -> bool:
+    """Whether the ledger holds any of these natural keys already, in any partition."""
+    return bool(early) and any(
+        _existing_keys(KINDS[k], keys) for k, keys in (early or {}).items() if KINDS[k].unique_key
+    )
 
 
 def _insert(rows: dict[str, list[tuple[Any, ...]]] | None, payloads: dict[str, bytes] | None = None) -> None:
@@ -650,11 +714,12 @@ def _insert(rows: dict[str, list[tuple[Any, ...]]] | None, payloads: dict[str, b
 def chain_and_insert(chain: LedgerChain, records: list[dict[str, Any]]) -> int:
     """Chain ``records`` (spool-shaped) at the head of ``chain``, which the caller holds locked, and insert them;
     moves the chain object's head (the caller saves it) only once they are in. Returns how many were chained."""
-    rows, seq, prev, _devices = _chain(chain.pk, chain.head_seq, chain.head_hash, records)
+    rows, seq, prev, period, _devices, _early = _chain(*_head_of(chain), records)
     _insert(rows)
     written = seq - chain.head_seq
     chain.head_seq = seq
     chain.head_hash = prev
+    chain.head_period = period
     return written
 
 
@@ -757,7 +822,7 @@ class LedgerWriter:
         self._helper: ThreadPoolExecutor | None = None
         # (chain pk, head seq, head hash) as last committed, to chain the next chunk before the
         # database has it; None when unknown (the commit then chains from the locked row).
-        self._head: tuple[int, int, str] | None = None
+        self._head: Head | None = None
 
     def recover(self) -> None:
         """Claim the chain (unless the caller did), read the checkpoint from the database and make the spool
@@ -769,7 +834,7 @@ class LedgerWriter:
         chain, _ = LedgerChain.objects.get_or_create(chain_id=self.spool.chain_id)
         self.position = SpoolPosition.decode(chain.spool_position)
         self.spool.recover(self.position)
-        self._head = (chain.pk, chain.head_seq, chain.head_hash)
+        self._head = _head_of(chain)
         log.info(
             "ledger chain %s: head seq %d, replaying the spool from %s (%d bytes)",
             chain.chain_id,
