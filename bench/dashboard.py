@@ -24,14 +24,32 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, setup_django, utc_stamp, write_json
 
+# Every page the dashboard serves, a month's range with a model filter on the pages that take one, and the
+# data endpoints the pages call from the browser (the overview's refresh, a report's progress, the carbon API).
+RANGE = "start=2026-10-01&end=2026-10-31"
 PAGES = (
     "/dashboard/",
-    "/dashboard/models",
-    "/dashboard/energy",
-    "/dashboard/carbon",
-    "/dashboard/reports",
-    "/dashboard/settings",
     "/dashboard/?partial=1",
+    f"/dashboard/?{RANGE}&model=linear",
+    "/dashboard/models",
+    f"/dashboard/models?{RANGE}&model=linear",
+    "/dashboard/energy",
+    f"/dashboard/energy?{RANGE}",
+    "/dashboard/carbon",
+    f"/dashboard/carbon?{RANGE}&model=linear",
+    "/dashboard/reports",
+    "/dashboard/jobs",
+    "/dashboard/settings",
+    "/dashboard/settings/organization",
+    "/dashboard/settings/sites",
+    "/dashboard/settings/devices",
+    "/dashboard/settings/keys",
+    "/dashboard/settings/instruments",
+    "/dashboard/settings/imports",
+    "/api/v1/",
+    "/api/v1/carbon?start=2026-10-01T00:00:00Z&end=2026-11-01T00:00:00Z",
+    "/api/v1/rollups?start=2026-10-01T00:00:00Z&end=2026-11-01T00:00:00Z",
+    "/api/v1/ledger/requests?limit=100",
 )
 
 

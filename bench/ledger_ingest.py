@@ -32,11 +32,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 from common import RESULTS_DIR, drop_database, git, setup_django, use_database, write_json  # noqa: E402
 
 
-def batch_lines(n: int, org_id: int, t0: int) -> tuple[bytes, int]:
+def batch_lines(n: int, org_id: int, t0: int, prefix: str = "bench") -> tuple[bytes, int]:
     """Spool lines for batch ``n`` of 16 requests and its interval; returns (bytes, requests)."""
     reqs = 16
-    b = f"bench.b{n}"
-    i = f"bench.i{n}"
+    b = f"{prefix}.b{n}"
+    i = f"{prefix}.i{n}"
     start, end = t0 + n * 4_000_000, t0 + n * 4_000_000 + 2_000_000
     out = [
         f'{{"k":"batch","batch_id":"{b}","model":"linear","version":"1","device_id":"cpu-model","instance":0,'
@@ -67,7 +67,7 @@ def batch_lines(n: int, org_id: int, t0: int) -> tuple[bytes, int]:
     return ("\n".join(out) + "\n").encode(), reqs
 
 
-def produce(spool_dir: Path, org_id: int, backlog_mb: float) -> None:
+def produce(spool_dir: Path, org_id: int, backlog_mb: float, prefix: str = "bench") -> None:
     """The producer process: spool batches as fast as the drainer keeps up, ahead by backlog_mb."""
     from inference.spool import Spool
 
@@ -82,7 +82,7 @@ def produce(spool_dir: Path, org_id: int, backlog_mb: float) -> None:
             continue
         chunk = []
         for _ in range(64):
-            data, _reqs = batch_lines(n, org_id, t0)
+            data, _reqs = batch_lines(n, org_id, t0, prefix)
             chunk.append(data)
             n += 1
         spool.append(b"".join(chunk))
@@ -94,8 +94,9 @@ def main() -> int:
         ap.add_argument("--produce", type=Path)
         ap.add_argument("--org", type=int)
         ap.add_argument("--backlog-mb", type=float)
+        ap.add_argument("--prefix", default="bench", help="ids start with it (one per run into one database)")
         a = ap.parse_args()
-        produce(a.produce, a.org, a.backlog_mb)
+        produce(a.produce, a.org, a.backlog_mb, a.prefix)
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
