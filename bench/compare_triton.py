@@ -369,6 +369,7 @@ class Bench:
     grpc_ports: dict[str, int] = field(default_factory=dict)  # server name -> its gRPC port
     headers: dict[str, str] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
+    round: int = 0  # the round being measured (--rounds)
 
     def ensure_alive(self, server: Server) -> str | None:
         """Restart a server that died (at most 3 times); returns an error message if it cannot be."""
@@ -544,6 +545,8 @@ class Bench:
         if real_errors:
             best = real_errors[0]
         best["final"] = True
+        for r in attempts:
+            r["round"] = self.round
         what = (
             f"{best.get('throughput', float('nan')):.0f}/s p50 {best.get('p50_ms', float('nan')):.2f} ms "
             f"p99 {best.get('p99_ms', float('nan')):.2f} ms"
@@ -564,33 +567,61 @@ def _fmt(v: float | None, digits: int = 1) -> str:
     return "n/a" if v is None else f"{v:,.{digits}f}"
 
 
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
 def summarize(
     runs: list[dict[str, Any]],
     models: list[str],
     concurrencies: list[int],
     protocols: tuple[str, ...] | list[str] = ("http",),
 ) -> list[dict[str, Any]]:
-    final: dict[tuple[str, str, str, int], dict[str, Any]] = {}
+    """One row per protocol, model and concurrency: each server's median over the rounds (the final attempt of
+    each), and the median of the rounds' ratios ours/Triton (each round's pair measured back to back)."""
+    final: dict[tuple[str, str, str, int], dict[int, dict[str, Any]]] = {}
     for r in runs:
         if r.get("final"):
-            final[(r["server"], r.get("protocol", "http"), r["model"], r["concurrency"])] = r
+            key = (r["server"], r.get("protocol", "http"), r["model"], r["concurrency"])
+            final.setdefault(key, {})[r.get("round", 0)] = r
     rows = []
     for protocol, model, c in ((p, m, c) for p in protocols for m in models for c in concurrencies):
         t = final.get(("triton", protocol, model, c), {})
         o = final.get(("ours", protocol, model, c), {})
-        row: dict[str, Any] = {"protocol": protocol, "model": model, "concurrency": c}
-        for name, r in (("triton", t), ("ours", o)):
+        row: dict[str, Any] = {"protocol": protocol, "model": model, "concurrency": c, "rounds": len(o)}
+        for name, by_round in (("triton", t), ("ours", o)):
+            rs = [by_round[k] for k in sorted(by_round)]
             for k in ("throughput", "p50_ms", "p99_ms", "avg_batch_size"):
-                row[f"{name}_{k}"] = r.get(k)
-            row[f"{name}_stable"] = r.get("stable", False)
-            row[f"{name}_errors"] = r.get("errors", ["not measured"])
-            row[f"{name}_disturbed"] = r.get("disturbed", False)
-            row[f"{name}_other_cpu_cores"] = r.get("other_cpu_cores")
-            row[f"{name}_server_cpu_cores"] = r.get("server_cpu_cores", {}).get(name)
-        tt, ot = row["triton_throughput"], row["ours_throughput"]
-        tp, op = row["triton_p99_ms"], row["ours_p99_ms"]
-        row["throughput_ratio"] = ot / tt if tt and ot else None
-        row["p99_ratio"] = op / tp if tp and op else None
+                row[f"{name}_{k}"] = _median([r.get(k) for r in rs])
+            row[f"{name}_stable"] = bool(rs) and all(r.get("stable", False) for r in rs)
+            row[f"{name}_errors"] = [e for r in rs for e in r.get("errors", [])] if rs else ["not measured"]
+            row[f"{name}_disturbed"] = any(r.get("disturbed", False) for r in rs)
+            row[f"{name}_other_cpu_cores"] = _median([r.get("other_cpu_cores") for r in rs])
+            row[f"{name}_server_cpu_cores"] = _median([r.get("server_cpu_cores", {}).get(name) for r in rs])
+            # CPU of the server's whole process tree per answered request, in microseconds.
+            row[f"{name}_cpu_us_per_request"] = _median(
+                [
+                    r["server_cpu_cores"][name] / r["throughput"] * 1e6
+                    if r.get("throughput") and r.get("server_cpu_cores", {}).get(name) is not None
+                    else None
+                    for r in rs
+                ]
+            )
+        pairs = [(t[k], o[k]) for k in sorted(set(t) & set(o))]
+        row["throughput_ratio"] = _median(
+            [b["throughput"] / a["throughput"] if a.get("throughput") and b.get("throughput") else None
+             for a, b in pairs]
+        )  # fmt: skip
+        row["p99_ratio"] = _median(
+            [b["p99_ms"] / a["p99_ms"] if a.get("p99_ms") and b.get("p99_ms") else None for a, b in pairs]
+        )
+        row["throughput_ratio_by_round"] = [
+            round(b["throughput"] / a["throughput"], 3)
+            if a.get("throughput") and b.get("throughput")
+            else None
+            for a, b in pairs
+        ]
         rows.append(row)
     return rows
 
@@ -598,8 +629,9 @@ def summarize(
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| protocol | model | concurrency | Triton infer/s | Triton p50 ms | Triton p99 ms "
-        "| ours infer/s | ours p50 ms | ours p99 ms | throughput ours/Triton | p99 ours/Triton |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ours infer/s | ours p50 ms | ours p99 ms | throughput ours/Triton | p99 ours/Triton "
+        "| CPU µs/request Triton | CPU µs/request ours |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         cells = [r.get("protocol", "http"), r["model"], str(r["concurrency"])]
@@ -617,6 +649,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         cells += [
             "n/a" if r["throughput_ratio"] is None else f"{r['throughput_ratio']:.2f}x",
             "n/a" if r["p99_ratio"] is None else f"{r['p99_ratio']:.2f}x",
+            _fmt(r.get("triton_cpu_us_per_request"), 0),
+            _fmt(r.get("ours_cpu_us_per_request"), 0),
         ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -646,7 +680,40 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         None,
     )
-    return {"checks": checks, "architecture_aim_linear_c32_ratio": 1.8, "linear_c32_ratio": aim}
+    # Issue 27's targets on `linear`, on the medians of the rounds: over HTTP >= 1.4x Triton's throughput at 8
+    # and >= 1.8x at 32 with p99 <= 0.7x at both; over gRPC >= 1.0x at 8 and 32.
+    goals = {
+        ("http", 8): (1.4, 0.7),
+        ("http", 32): (1.8, 0.7),
+        ("grpc", 8): (1.0, None),
+        ("grpc", 32): (1.0, None),
+    }
+    issue27 = []
+    for r in rows:
+        goal = goals.get((r.get("protocol", "http"), r["concurrency"]))
+        if r["model"] != "linear" or goal is None:
+            continue
+        min_ratio, max_p99 = goal
+        met = r["throughput_ratio"] is not None and r["throughput_ratio"] >= min_ratio
+        if max_p99 is not None:
+            met = met and r["p99_ratio"] is not None and r["p99_ratio"] <= max_p99
+        issue27.append(
+            {
+                "protocol": r.get("protocol", "http"),
+                "concurrency": r["concurrency"],
+                "throughput_ratio": r["throughput_ratio"],
+                "min_throughput_ratio": min_ratio,
+                "p99_ratio": r["p99_ratio"],
+                "max_p99_ratio": max_p99,
+                "met": met,
+            }
+        )
+    return {
+        "checks": checks,
+        "architecture_aim_linear_c32_ratio": 1.8,
+        "linear_c32_ratio": aim,
+        "issue27": issue27,
+    }
 
 
 # -- main -------------------------------------------------------------------------------------------------
@@ -676,6 +743,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--max-trials", type=int, default=None, help="windows per measurement (default 6; quick 3)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="times the whole set is measured, alternating (default 1)"
     )
     p.add_argument("--stability-percentage", type=int, default=20)
     p.add_argument(
@@ -738,7 +808,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.protocol_list = [x.strip() for x in args.protocols.split(",") if x.strip()]
     if not args.protocol_list or set(args.protocol_list) - set(PROTOCOLS):
         p.error(f"--protocols: choose among {', '.join(PROTOCOLS)}")
-    args.time_budget = args.time_budget or 540.0 * len(args.protocol_list)
+    args.time_budget = args.time_budget or 540.0 * len(args.protocol_list) * args.rounds
     unknown = set(args.model_list) - set(DEFAULT_MODELS)
     if unknown or not args.model_list:
         p.error(f"--models: choose among {', '.join(DEFAULT_MODELS)}")
@@ -829,15 +899,19 @@ def run(args: argparse.Namespace) -> int:
             headers=headers,
             grpc_ports=grpc_ports,
         )
-        bench.remaining = 2 * len(args.protocol_list) * len(args.model_list) * len(args.concurrency_list)
+        bench.remaining = (
+            2 * args.rounds * len(args.protocol_list) * len(args.model_list) * len(args.concurrency_list)
+        )
         i = 0
-        for protocol in args.protocol_list:
-            for model in args.model_list:
-                for c in args.concurrency_list:
-                    order = [triton, ours] if i % 2 == 0 else [ours, triton]
-                    i += 1
-                    for s in order:
-                        bench.measure(s, model, c, protocol)
+        for rnd in range(args.rounds):
+            bench.round = rnd
+            for protocol in args.protocol_list:
+                for model in args.model_list:
+                    for c in args.concurrency_list:
+                        order = [triton, ours] if i % 2 == 0 else [ours, triton]
+                        i += 1
+                        for s in order:
+                            bench.measure(s, model, c, protocol)
     except BaseException:
         # Set-up failure, Ctrl-C, SIGTERM: the servers are stopped below; say where the logs are.
         print(f"compare_triton: logs and perf_analyzer output kept in {work}", file=sys.stderr)
@@ -862,6 +936,7 @@ def run(args: argparse.Namespace) -> int:
             "concurrency": args.concurrency_list,
             "measurement_interval_ms": args.measurement_interval,
             "max_trials": args.max_trials,
+            "rounds": args.rounds,
             "stability_percentage": args.stability_percentage,
             "stability_metric": f"p{args.stability_percentile} latency"
             if args.stability_percentile
@@ -895,6 +970,17 @@ def run(args: argparse.Namespace) -> int:
             f"- {chk['protocol']} {chk['model']} c={chk['concurrency']}: "
             f"throughput >= Triton: {chk['throughput_at_least_triton']}, "
             f"p99 <= Triton: {chk['p99_at_most_triton']}"
+        )
+    for chk in tgt["issue27"]:
+        print(
+            f"- issue 27, {chk['protocol']} linear c={chk['concurrency']}: {chk['throughput_ratio'] or 0:.2f}x "
+            f"(target >= {chk['min_throughput_ratio']}x)"
+            + (
+                ""
+                if chk["max_p99_ratio"] is None
+                else f", p99 {chk['p99_ratio'] or 0:.2f}x (<= {chk['max_p99_ratio']}x)"
+            )
+            + f": {'met' if chk['met'] else 'NOT met'}"
         )
     if tgt["linear_c32_ratio"] is not None:
         print(
