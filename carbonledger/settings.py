@@ -313,6 +313,10 @@ REPORT_RUNNING_STALE_S = env_float("REPORT_RUNNING_STALE_S", 1800.0, minimum=60.
 REPORT_QUEUED_STALE_S = env_float("REPORT_QUEUED_STALE_S", 600.0, minimum=30.0)
 REPORT_MAX_ATTEMPTS = env_int("REPORT_MAX_ATTEMPTS", 3, minimum=1)
 CELERY_BEAT_SCHEDULE["reports-recover"] = {"task": "reports.recover", "schedule": 300.0}
+# The ledger's monthly partitions on PostgreSQL (docs/ledger-partitioning.md): this month's and this many months
+# ahead exist at all times (made by `setup` and daily), so the drainer never lacks one.
+LEDGER_PARTITION_MONTHS_AHEAD = env_int("LEDGER_PARTITION_MONTHS_AHEAD", 3, minimum=1, maximum=120)
+CELERY_BEAT_SCHEDULE["ledger-partitions"] = {"task": "carbonledger.ledger_partitions", "schedule": 86400.0}
 # Deferred inference jobs (jobs/): bounds of a job file, how far ahead a deadline may be, how the worker reaches
 # the gateway's own KServe endpoint, and when a job is given up for lost.
 JOBS_MAX_REQUESTS = env_int("JOBS_MAX_REQUESTS", 10_000, minimum=1)

@@ -67,6 +67,8 @@ def own_period(value: Any) -> int | None:
 
 
 class ChainedRecord(models.Model):
+    # Unique keys include ``period``: PostgreSQL partitions the big tables by it and requires the partition key in
+    # every unique constraint (migration 0004; how exactly-once survives: docs/ledger-partitioning.md).
     # Indexes cost ingest speed (tens of thousands of rows a second): the (chain, seq)
     # unique constraint of each table already serves lookups by chain, so no FK index.
     # No FK constraint either: PostgreSQL would check it row by row during COPY.
@@ -118,8 +120,8 @@ class LedgerBatch(ChainedRecord):
     class Meta:
         db_table = "ledger_batch"
         constraints = [
-            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_batch_chain_seq"),
-            models.UniqueConstraint(fields=["batch_id"], name="ledger_batch_id"),
+            models.UniqueConstraint(fields=["chain", "seq", "period"], name="ledger_batch_chain_seq_period"),
+            models.UniqueConstraint(fields=["batch_id", "period"], name="ledger_batch_id_period"),
         ]
 
 
@@ -161,8 +163,10 @@ class LedgerRequest(ChainedRecord):
     class Meta:
         db_table = "ledger_request"
         constraints = [
-            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_request_chain_seq"),
-            models.UniqueConstraint(fields=["request_id"], name="ledger_request_id"),
+            models.UniqueConstraint(
+                fields=["chain", "seq", "period"], name="ledger_request_chain_seq_period"
+            ),
+            models.UniqueConstraint(fields=["request_id", "period"], name="ledger_request_id_period"),
         ]
         indexes = [models.Index(fields=["organization", "received_ns"], name="ledger_request_org_time")]
 
@@ -188,8 +192,10 @@ class LedgerInterval(ChainedRecord):
     class Meta:
         db_table = "ledger_interval"
         constraints = [
-            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_interval_chain_seq"),
-            models.UniqueConstraint(fields=["interval_id"], name="ledger_interval_id"),
+            models.UniqueConstraint(
+                fields=["chain", "seq", "period"], name="ledger_interval_chain_seq_period"
+            ),
+            models.UniqueConstraint(fields=["interval_id", "period"], name="ledger_interval_id_period"),
         ]
 
 
@@ -215,8 +221,8 @@ class LedgerIdle(ChainedRecord):
     class Meta:
         db_table = "ledger_idle"
         constraints = [
-            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_idle_chain_seq"),
-            models.UniqueConstraint(fields=["interval_id"], name="ledger_idle_interval_id"),
+            models.UniqueConstraint(fields=["chain", "seq", "period"], name="ledger_idle_chain_seq_period"),
+            models.UniqueConstraint(fields=["interval_id", "period"], name="ledger_idle_interval_id_period"),
         ]
 
 
@@ -235,7 +241,9 @@ class LedgerRequestEnergy(ChainedRecord):
         # No uniqueness on (request, interval, batch): parts reach the database only with the
         # chunk that holds their request's unique id, and that index slowed ingest by a quarter.
         constraints = [
-            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_request_energy_chain_seq")
+            models.UniqueConstraint(
+                fields=["chain", "seq", "period"], name="ledger_request_energy_chain_seq_period"
+            )
         ]
 
 
@@ -258,8 +266,12 @@ class LedgerBatchEnergy(ChainedRecord):
     class Meta:
         db_table = "ledger_batch_energy"
         constraints = [
-            models.UniqueConstraint(fields=["chain", "seq"], name="ledger_batch_energy_chain_seq"),
-            models.UniqueConstraint(fields=["batch_id", "interval_id"], name="ledger_batch_energy_key"),
+            models.UniqueConstraint(
+                fields=["chain", "seq", "period"], name="ledger_batch_energy_chain_seq_period"
+            ),
+            models.UniqueConstraint(
+                fields=["batch_id", "interval_id", "period"], name="ledger_batch_energy_key_period"
+            ),
         ]
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from celery import shared_task
+from django.conf import settings
 
+from ledger.partitions import ensure_partitions
 from ledger.services import ledger_verify
 
 
@@ -12,3 +14,11 @@ def verify_ledger(full: bool = False) -> list[str]:
     """Scheduled: link and re-hash the records written since the last verification (and, daily, every
     record from genesis). Read-only on the ledger; each run is recorded, so reruns are harmless."""
     return [v.problem or f"{v.chain.chain_id}: intact to seq {v.seq}" for v in ledger_verify(full=full)]
+
+
+@shared_task(name="carbonledger.ledger_partitions")
+def ledger_partitions() -> list[str]:
+    """Scheduled daily: create the ledger's partitions of this month and LEDGER_PARTITION_MONTHS_AHEAD months
+    ahead, and move whatever the default partitions hold into proper ones (PostgreSQL; nothing on SQLite).
+    Creates only what is missing, so reruns are harmless."""
+    return ensure_partitions(settings.LEDGER_PARTITION_MONTHS_AHEAD)

@@ -2,10 +2,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from carbon.services import load_shipped_factors
+from ledger.partitions import ensure_partitions
 from tenancy.locks import database_lock
 
 
@@ -22,6 +24,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **opts: Any) -> None:
         with database_lock("setup", on_wait=lambda line: self.stderr.write(line)):
             call_command("migrate", interactive=False, verbosity=opts["verbosity"], stdout=self.stdout)
+            for name in ensure_partitions(settings.LEDGER_PARTITION_MONTHS_AHEAD):
+                self.stdout.write(f"created the ledger partition {name}")
             for record in load_shipped_factors():
                 self.stdout.write(f"loaded {record.row_count} emission factor(s) from {record.name}")
             if opts["demo"]:
