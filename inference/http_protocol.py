@@ -1,140 +1,131 @@
-"""uvicorn's httptools protocol, sending each response's header block and body in one write, and
-serving the common infer request without an ASGI task.
+"""The gateway's HTTP/1.1 server protocol: httptools' parser on an asyncio Protocol, ours rather than uvicorn's.
 
-uvicorn writes the status line and headers as soon as the application sends
-``http.response.start``, then the body on ``http.response.body``: two ``send`` system calls and two
-TCP segments per answer, and on loopback each call also runs the receiver's TCP processing. One write
-an answer saves a system call a request (bench/cpu_per_request.py measures the per-request CPU).
+It serves every request on a connection itself: the common infer request (``POST /v2/models/<m>/infer`` with a
+Content-Length and a cached API key, as ``Gateway.direct_infer`` decides) without an ASGI task at all, and every
+other request through a small ASGI HTTP bridge to the application (the KServe ASGI app, Django and the rest).
+uvicorn (or whatever starts the server) still runs the process, the sockets and the lifespan: it builds one
+protocol per connection from the class with its ``config``, ``server_state`` and ``app_state`` keyword arguments,
+and nothing here subclasses or imports uvicorn's protocol classes, which any of its releases may change.
 
-Here a write that is a response's header block (it starts with the status line and ends with the
-blank line) is held back and goes out with the next write, the body, in one ``send``. If no body
-follows in the same callback (a streamed or empty response), the held bytes go out on the event
-loop's next iteration, which does not wait for I/O since a callback is ready. ``100 Continue`` is never
-held: the client waits for it before sending the body.
+Measured against the uvicorn subclass this replaced (bench/cpu_per_request.py's concurrency-32 phase): the
+request path no longer builds an ASGI scope per request, arms and cancels a keep-alive timer per response, or
+goes through a wrapping transport to join a response's header block with its body.
 
-Direct infer requests: for ``POST /v2/models/<m>/infer`` with a Content-Length and a cached API key
-(``Gateway.direct_infer`` decides), the protocol collects the body itself, hands it to the gateway and
-writes the answer in one write when the batch's results reach the event loop. The ASGI path would
-build a scope, a task, receive/send messages and a future for each request; the gateway's checks,
-statistics, ledger and answers are the same either way. Every other request, and an infer request
-that arrives behind an unfinished one on the same connection (pipelining), takes uvicorn's path.
+One write per answer: a response's status line, headers and body leave in one ``send`` (two segments would cost
+a system call and, on loopback, the receiver's TCP processing twice). On the ASGI path the header block of
+``http.response.start`` is held until the first body message, which the application sends in the same step in
+the common case; if it does not, the held block goes out on the event loop's next iteration. A body of 16 KiB or
+more follows its header block in a write of its own rather than be copied into one buffer. ``100 Continue`` is
+sent when the application first asks for the body (the client waits for it before sending one).
 
-Slow and greedy clients (class attributes, set from the settings by ``with_limits``): a request's header
-block must arrive within ``header_timeout_s`` (counted from its first byte, or from the connection while
-nothing has arrived) and its body within ``body_timeout_s`` of the headers' end, or the connection is answered
-408 and closed (closed silently when nothing was asked yet); a time-out covers the whole phase, so trickling a
-byte at a time does not extend it. Header blocks over ``max_headers`` or ``max_header_bytes`` get 431, and
-connections beyond ``max_connections`` in the process get 503, each with the connection closed. Waiting on the
-server (an answer being computed, or reading paused by flow control) never counts against the client.
+Pipelining: requests on a connection are answered in order. A request that arrives behind an unfinished one
+waits in the connection's queue (reading pauses meanwhile) and then takes the ASGI path.
+
+Slow and greedy clients (class attributes, set from the settings by ``with_limits``): a request's header block
+must arrive within ``header_timeout_s`` (counted from its first byte, or from the connection while nothing has
+arrived) and its body within ``body_timeout_s`` of the headers' end, or the connection is answered 408 and closed
+(closed silently when nothing was asked yet); a time-out covers the whole phase, so trickling a byte at a time
+does not extend it. Header blocks over ``max_headers`` or ``max_header_bytes`` get 431, malformed requests 400,
+and connections beyond ``max_connections`` in the process 503, each with ``{"error": ...}`` and the connection
+closed. Waiting on the server (an answer being computed, or reading paused) never counts against the client.
+Between requests the server's keep-alive time-out (uvicorn's ``timeout_keep_alive``) applies.
 
 The time-outs cost the request path no timer and no clock read: a request only notes its phase in a slot (and
 where it began), and one sweep per server, about every second, times each phase from the first sweep that saw
 it and closes the connections past their time-out, which therefore fires between one and two sweep intervals
-late, never early. A timer per connection re-armed per phase would allocate two handles and push and cancel
-two heap entries for every request, on the event loop's thread: several times what the phase bookkeeping costs.
-The sweep costs one callback a second whatever the load.
+late, never early. A timer per connection re-armed per phase would allocate handles and push and cancel heap
+entries for every request, on the event loop's thread: several times what the phase bookkeeping costs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import http
+import logging
 import math
+import re
 import time
+import urllib.parse
 import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, ClassVar, Protocol, cast
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from inference.gateway import DirectInfer, wanted_headers
 
-_STATUS_LINE_START = b"HTTP/1.1 "
-_CONTINUE = b"HTTP/1.1 100 "
-_HEADER_END = b"\r\n\r\n"
-_MAX_HELD = 16 * 1024  # a header block is far smaller; anything larger is not one
+log = logging.getLogger("uvicorn.error")  # the server's log, as the process's logging configuration names it
+access_log = logging.getLogger("uvicorn.access")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = http.HTTPStatus(status).phrase.encode()
+    except ValueError:
+        phrase = b""
+    return b"HTTP/1.1 %d %s\r\n" % (status, phrase)
+
+
+STATUS_LINE = {status: _status_line(status) for status in range(100, 600)}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# Header names and values an application may not send (they would split or smuggle a response).
+_BAD_NAME = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')
+_BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
 _JOIN_LIMIT = 16 * 1024  # a body at least this large goes out in its own write rather than be copied
+HIGH_WATER_BYTES = 65536  # an unread ASGI request body beyond this pauses reading
 
 # A connection's phase, for the read time-outs.
 _WAITING = 0  # connected, no byte of a request yet: the header time-out runs
 _HEADER = 1  # a request's header block is arriving: the header time-out runs
 _BODY = 2  # its body is arriving: the body time-out runs
-_IDLE = 3  # answering, or between requests (uvicorn's keep-alive time-out): no read time-out
+_IDLE = 3  # answering: no time-out
+_KEEP_ALIVE = 4  # answered, nothing more asked: the keep-alive time-out runs
 _SWEEP_MAX_S = 1.0
 
 
-class HeaderHoldingTransport:
-    """Wraps an asyncio transport; every other attribute is the wrapped transport's."""
+class FlowControl:
+    """Reading paused while a body waits to be consumed or a request waits its turn; writing paused while the
+    transport's buffer is over its high-water mark (``drain`` waits for it to come down)."""
 
-    __slots__ = ("_held", "_loop", "_transport")
+    __slots__ = ("_transport", "_writable", "read_paused", "write_paused")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
-        self._loop = loop
-        self._held: bytes | None = None
+        self.read_paused = False
+        self.write_paused = False
+        self._writable = asyncio.Event()
+        self._writable.set()
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        held = self._held
-        if held is not None:
-            self._held = None
-            if len(data) >= _JOIN_LIMIT:
-                # Joining would copy a large body to save one call: send them one after the other.
-                self._transport.write(held)
-                self._transport.write(data)
-            else:
-                self._transport.write(held + bytes(data))
-            return
-        if (
-            isinstance(data, bytes)
-            and len(data) <= _MAX_HELD
-            and data.startswith(_STATUS_LINE_START)
-            and data.endswith(_HEADER_END)
-            and not data.startswith(_CONTINUE)
-        ):
-            self._held = data
-            self._loop.call_soon(self.flush)
-            return
-        self._transport.write(data)
-
-    def flush(self) -> None:
-        held = self._held
-        if held is not None:
-            self._held = None
-            # Even when closing: the transport still sends what it is given until the connection is lost.
-            self._transport.write(held)
-
-    def writelines(self, list_of_data: Any) -> None:
-        self.write(b"".join(list_of_data))
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def write_eof(self) -> None:
-        self.flush()
-        self._transport.write_eof()
-
-    def abort(self) -> None:
-        self._held = None
-        self._transport.abort()
-
-    # Called for every request: defined here rather than found through __getattr__.
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
+    async def drain(self) -> None:
+        await self._writable.wait()
 
     def pause_reading(self) -> None:
-        self._transport.pause_reading()
+        if not self.read_paused:
+            self.read_paused = True
+            self._transport.pause_reading()
 
     def resume_reading(self) -> None:
-        self._transport.resume_reading()
+        if self.read_paused:
+            self.read_paused = False
+            self._transport.resume_reading()
 
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
+    def pause_writing(self) -> None:
+        if not self.write_paused:
+            self.write_paused = True
+            self._writable.clear()
 
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + (len(self._held) if self._held else 0)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
+    def resume_writing(self) -> None:
+        if self.write_paused:
+            self.write_paused = False
+            self._writable.set()
 
 
 class DirectTarget(Protocol):
@@ -160,18 +151,15 @@ def direct_target(app: Any) -> DirectTarget | None:
     return None
 
 
-class _NoEvent:
-    def set(self) -> None:
-        pass
+def _address(info: Any) -> tuple[str, int] | None:
+    if isinstance(info, (tuple, list)) and len(info) >= 2:
+        return str(info[0]), int(info[1])
+    return None
 
 
 class DirectCycle:
-    """Stands in for uvicorn's RequestResponseCycle while an infer request is served directly.
-
-    uvicorn's protocol reads ``self.cycle`` to queue a pipelined request behind an unfinished one,
-    to mark a lost connection and to ask for a close at shutdown; this object answers those the
-    same way (``response_complete``, ``disconnected``, ``keep_alive``, ``message_event``).
-    """
+    """One infer request served without an ASGI task: its body is collected, handed to the gateway's ticket, and
+    the answer written in one write when it comes (``respond``, on the event loop)."""
 
     __slots__ = (
         "_protocol",
@@ -183,12 +171,11 @@ class DirectCycle:
         "url",
         "waiting",
     )
-    message_event = _NoEvent()
 
-    def __init__(self, protocol: CoalescingHttpToolsProtocol, ticket: DirectInfer | None, url: bytes) -> None:
+    def __init__(self, protocol: Any, ticket: DirectInfer | None, url: bytes) -> None:
         self._protocol = protocol
         self.ticket: DirectInfer | None = ticket
-        self.url = url  # the protocol's own is the next request's once that one begins
+        self.url = url
         self.chunks: list[bytes] = []
         self.disconnected = False
         self.keep_alive = True
@@ -200,18 +187,21 @@ class DirectCycle:
         if ticket is None:
             return
         self.ticket = None
-        body = b"".join(self.chunks)
+        chunks = self.chunks
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.chunks = []
         ticket.serve(body, self.respond)
+
+    def wake(self) -> None:
+        pass  # nothing waits on a direct request but its answer
 
     def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         if self.response_complete or self.waiting:
             return
         protocol = self._protocol
         if protocol.flow.write_paused and not self.disconnected:
-            # As uvicorn's send: a client that does not read gets nothing more until it does. The cycle
-            # stays unfinished meanwhile, so a request behind it queues in uvicorn's pipeline, which
-            # pauses reading.
+            # A client that does not read gets nothing more until it does. The request stays unfinished
+            # meanwhile, so one behind it waits its turn (and reading pauses).
             self.waiting = True
             protocol.loop.create_task(self._respond_when_writable(status, headers, body))
             return
@@ -230,9 +220,9 @@ class DirectCycle:
         transport = protocol.transport
         if self.disconnected or transport.is_closing():
             return
-        if protocol.access_log:  # uvicorn's line, as its RequestResponseCycle writes it
+        if protocol.access_log:  # uvicorn's access line
             client = protocol.client
-            protocol.access_logger.info(
+            access_log.info(
                 '%s - "%s %s HTTP/%s" %d',
                 f"{client[0]}:{client[1]}" if client else "",
                 "POST",
@@ -253,14 +243,229 @@ class DirectCycle:
         protocol.on_response_complete()
 
 
+class AsgiCycle:
+    """One request handed to the ASGI application: its ``receive`` and ``send``, the body as it arrives, and the
+    response written as the application sends it (header block and first body part in one write)."""
+
+    __slots__ = (
+        "_head",
+        "_protocol",
+        "body",
+        "chunked",
+        "disconnected",
+        "expected_length",
+        "keep_alive",
+        "message_event",
+        "more_body",
+        "response_complete",
+        "response_started",
+        "scope",
+        "waiting_for_100_continue",
+    )
+
+    def __init__(
+        self, protocol: GatewayHttpProtocol, scope: Scope, keep_alive: bool, expect_100: bool
+    ) -> None:
+        self._protocol = protocol
+        self.scope = scope
+        self.keep_alive = keep_alive
+        self.waiting_for_100_continue = expect_100
+        self.disconnected = False
+        self.body = bytearray()
+        self.more_body = True
+        self.message_event = asyncio.Event()
+        self.response_started = False
+        self.response_complete = False
+        self.chunked: bool | None = None
+        self.expected_length = 0
+        self._head: bytes | None = None
+
+    def wake(self) -> None:
+        self.message_event.set()
+
+    async def run(self, app: App) -> None:
+        try:
+            # An application that returns something is an error worth naming (typing says it returns None).
+            result: Any = await cast("Callable[..., Awaitable[Any]]", app)(
+                self.scope, self.receive, self.send
+            )
+        except BaseException as exc:
+            log.error("Exception in ASGI application\n", exc_info=exc)
+            if not self.response_started:
+                await self._send_500()
+            else:
+                self._flush_head()
+                self._protocol.transport.close()
+        else:
+            if result is not None:
+                log.error("ASGI callable should return None, but returned '%s'.", result)
+                self._protocol.transport.close()
+            elif not self.response_started and not self.disconnected:
+                log.error("ASGI callable returned without starting response.")
+                await self._send_500()
+            elif not self.response_complete and not self.disconnected:
+                log.error("ASGI callable returned without completing response.")
+                self._flush_head()
+                self._protocol.transport.close()
+
+    async def _send_500(self) -> None:
+        await self.send(
+            {
+                "type": "http.response.start",
+                "status": 500,
+                "headers": [
+                    (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"content-length", b"21"),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await self.send({"type": "http.response.body", "body": b"Internal Server Error", "more_body": False})
+
+    async def receive(self) -> Message:
+        protocol = self._protocol
+        if self.waiting_for_100_continue and not protocol.transport.is_closing():
+            protocol.transport.write(_CONTINUE)
+            self.waiting_for_100_continue = False
+        if not self.disconnected and not self.response_complete:
+            protocol.flow.resume_reading()
+            await self.message_event.wait()
+            self.message_event.clear()
+        if self.disconnected or self.response_complete:
+            return {"type": "http.disconnect"}
+        message = {"type": "http.request", "body": bytes(self.body), "more_body": self.more_body}
+        self.body = bytearray()
+        return message
+
+    async def send(self, message: Message) -> None:
+        protocol = self._protocol
+        if protocol.flow.write_paused and not self.disconnected:
+            await protocol.flow.drain()
+        if self.disconnected:
+            return
+        kind = message["type"]
+        if not self.response_started:
+            if kind != "http.response.start":
+                raise RuntimeError(f"Expected ASGI message 'http.response.start', but got '{kind}'.")
+            self._start(message)
+        elif not self.response_complete:
+            if kind != "http.response.body":
+                raise RuntimeError(f"Expected ASGI message 'http.response.body', but got '{kind}'.")
+            self._body(message.get("body", b""), message.get("more_body", False))
+        else:
+            raise RuntimeError(f"Unexpected ASGI message '{kind}' sent, after response already completed.")
+
+    def _start(self, message: Message) -> None:
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        protocol = self._protocol
+        status = message["status"]
+        scope = self.scope
+        if protocol.access_log:
+            client = scope.get("client")
+            query = scope.get("query_string", b"")
+            target = scope["root_path"] + scope["path"] + ("?" + query.decode("ascii") if query else "")
+            access_log.info(
+                '%s - "%s %s HTTP/%s" %d',
+                f"{client[0]}:{client[1]}" if client else "",
+                scope["method"],
+                target,
+                scope["http_version"],
+                status,
+            )
+        content = [STATUS_LINE[status]]
+        close_asked = False
+        for name, value in (*protocol.server_state.default_headers, *message.get("headers", ())):
+            if _BAD_NAME.search(name):
+                raise RuntimeError("Invalid HTTP header name.")
+            if _BAD_VALUE.search(value):
+                raise RuntimeError("Invalid HTTP header value.")
+            name = name.lower()
+            if name == b"content-length" and self.chunked is None:
+                self.expected_length = int(value.decode())
+                self.chunked = False
+            elif name == b"transfer-encoding" and value.lower() == b"chunked":
+                self.expected_length = 0
+                self.chunked = True
+            elif name == b"connection" and b"close" in [t.lower().strip() for t in value.split(b",")]:
+                self.keep_alive = False
+                close_asked = True
+            content.extend((name, b": ", value, b"\r\n"))
+        if not self.keep_alive and not close_asked:
+            content.append(b"connection: close\r\n")
+        if self.chunked is None and scope["method"] != "HEAD" and status not in (204, 304):
+            self.chunked = True  # neither a length nor an encoding given
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        self._head = b"".join(content)
+        # Held for the body, which usually follows in this same step; if it does not, it goes out next iteration.
+        protocol.loop.call_soon(self._flush_head)
+
+    def _flush_head(self) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            if not self.disconnected:
+                self._protocol.transport.write(head)
+
+    def _body(self, body: bytes, more_body: bool) -> None:
+        if self.scope["method"] == "HEAD":
+            self.expected_length = 0
+            data = b""
+        elif self.chunked:
+            parts = [b"%x\r\n" % len(body), body, b"\r\n"] if body else []
+            if not more_body:
+                parts.append(b"0\r\n\r\n")
+            data = b"".join(parts)
+        else:
+            if len(body) > self.expected_length:
+                raise RuntimeError("Response content longer than Content-Length")
+            self.expected_length -= len(body)
+            data = body
+        transport = self._protocol.transport
+        head = self._head
+        if head is not None:
+            self._head = None
+            if len(data) >= _JOIN_LIMIT:
+                transport.write(head)
+                transport.write(data)
+            else:
+                transport.write(head + data)
+        elif data:
+            transport.write(data)
+        if not more_body:
+            if self.expected_length != 0:
+                raise RuntimeError("Response content shorter than Content-Length")
+            self.response_complete = True
+            self.message_event.set()
+            if not self.keep_alive:
+                transport.close()
+            self._protocol.on_response_complete()
+
+
+async def _service_unavailable(scope: Scope, receive: Receive, send: Send) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", b"19"),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"Service Unavailable", "more_body": False})
+
+
 class _Refused(Exception):
     """Raised inside a parser callback once the request has been answered and the connection closed: it stops
     the parser from calling back for the rest of the data."""
 
 
 class _Sweeper:
-    """Closes the server's connections that are past their read time-out: one timer for all of them, run about
-    every second while any connection is open (module docstring: why not a timer per request)."""
+    """Closes the server's connections that are past their time-out: one timer for all of them, run about every
+    second while any connection is open (module docstring: why not a timer per request)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, connections: set[Any], interval_s: float) -> None:
         self._loop = loop
@@ -276,39 +481,62 @@ class _Sweeper:
         self._handle = None
         now = time.monotonic()
         for conn in list(self._connections):  # closing one may change the set
-            if isinstance(conn, CoalescingHttpToolsProtocol):
+            if isinstance(conn, GatewayHttpProtocol):
                 conn._swept(now)
         if self._connections:
             self.watch()
 
 
-# One sweeper per server (uvicorn's ServerState is shared by all of a server's connections).
+# One sweeper per server (its state object is shared by all of a server's connections).
 _sweepers: weakref.WeakKeyDictionary[Any, _Sweeper] = weakref.WeakKeyDictionary()
 
 
-class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """HttpToolsProtocol whose responses leave in one write when the body follows at once, which serves the
-    common infer request directly, and which bounds what slow or greedy clients can hold (module docstring).
+class GatewayHttpProtocol(asyncio.Protocol):
+    """One HTTP/1.1 connection (module docstring). Built per connection by uvicorn from its ``config`` (the
+    loaded app, ``timeout_keep_alive``, ``root_path``, ``limit_concurrency``) and ``server_state`` (the
+    connection set its shutdown and our sweep walk, the tasks it waits for, the default headers).
 
-    The limits are class attributes so that uvicorn, which builds a protocol per connection from the class, can
-    be handed a configured one: ``with_limits`` makes it.
+    The limits are class attributes, since the server builds a protocol per connection from the class:
+    ``with_limits`` makes a configured one.
     """
 
-    # Slots, not the instance dict: uvicorn's protocol already keeps about 30 attributes there, and past 30 an
-    # instance dict stops sharing its keys, which slows every attribute read on the request path (measured).
     __slots__ = (
+        "_active",
         "_begin_at",
         "_begin_end",
         "_chunk_start",
         "_direct",
+        "_keep_alive_s",
         "_mark_begin",
         "_mark_phase",
         "_max_header_bytes",
         "_max_headers",
         "_phase",
         "_refused",
+        "_reset_contextvars",
         "_seen",
         "_since",
+        "access_log",
+        "app",
+        "app_state",
+        "asgi_version",
+        "client",
+        "connections",
+        "cycle",
+        "expect_100_continue",
+        "flow",
+        "headers",
+        "limit_concurrency",
+        "loop",
+        "parser",
+        "pipeline",
+        "root_path",
+        "scheme",
+        "server",
+        "server_state",
+        "tasks",
+        "transport",
+        "url",
     )
 
     header_timeout_s: ClassVar[float] = 10.0
@@ -326,7 +554,7 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         max_headers: int,
         max_header_bytes: int,
         max_connections: int,
-    ) -> type[CoalescingHttpToolsProtocol]:
+    ) -> type[GatewayHttpProtocol]:
         """This protocol with these limits (each must be positive)."""
         limits: dict[str, float | int] = {
             "header_timeout_s": header_timeout_s,
@@ -338,13 +566,47 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         for name, value in limits.items():
             if not value > 0 or not math.isfinite(value):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
-        return cast("type[CoalescingHttpToolsProtocol]", type(cls.__name__, (cls,), limits))
+        return cast("type[GatewayHttpProtocol]", type(cls.__name__, (cls,), {"__slots__": (), **limits}))
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        if not config.loaded:
+            config.load()
+        self.app: App = config.loaded_app
+        self.loop = _loop or asyncio.get_event_loop()
+        self.access_log = access_log.hasHandlers()
+        self.parser = httptools.HttpRequestParser(self)
+        # Answer a request even when data follows its "Connection: close" in the same packet.
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.root_path: str = config.root_path
+        self.asgi_version: str = config.asgi_version
+        self.limit_concurrency: int | None = config.limit_concurrency
+        self._keep_alive_s = float(config.timeout_keep_alive)
+        self._reset_contextvars = bool(getattr(config, "reset_contextvars", False))
+        self.app_state = app_state
+        self.server_state = server_state
+        self.connections: set[Any] = server_state.connections
+        self.tasks: set[asyncio.Task[None]] = server_state.tasks
         direct_ok = self.limit_concurrency is None and not self.root_path
         self._direct = direct_target(self.app) if direct_ok else None
-        self.url = b""  # uvicorn sets it when a request begins; the header-size check may look before
+
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.flow: FlowControl = None  # type: ignore[assignment]
+        self.server: tuple[str, int] | None = None
+        self.client: tuple[str, int] | None = None
+        self.scheme = "http"
+        self.pipeline: deque[tuple[AsgiCycle, App]] = deque()  # requests waiting their turn, oldest first
+        self.cycle: DirectCycle | AsgiCycle | None = None  # the latest request's
+        self._active: DirectCycle | AsgiCycle | None = None  # the request being answered
+
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.expect_100_continue = False
         self._max_headers = self.max_headers  # read per request: a slot is quicker than the class attribute
         self._max_header_bytes = self.max_header_bytes
         # The request path only notes the phase (and where its request began); the sweep notes when it first
@@ -362,9 +624,16 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         self._begin_at = 0
         self._begin_end = 0
 
+    # -- asyncio.Protocol --------------------------------------------------------------------------------------
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        super().connection_made(HeaderHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
+        self.connections.add(self)
+        self.transport = transport
+        self.flow = FlowControl(transport)
+        self.server = _address(transport.get_extra_info("sockname"))
+        self.client = _address(transport.get_extra_info("peername"))
+        self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"
         if len(self.connections) > self.max_connections:
             self._refuse(503, "the server has too many connections open; retry later", b"retry-after: 1\r\n")
             return
@@ -373,57 +642,87 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         self._since = time.monotonic()
         sweeper = _sweepers.get(self.server_state)
         if sweeper is None:
-            interval = min(_SWEEP_MAX_S, self.header_timeout_s / 4, self.body_timeout_s / 4)
+            interval = min(
+                _SWEEP_MAX_S, self.header_timeout_s / 4, self.body_timeout_s / 4, self._keep_alive_s / 4
+            )
             sweeper = _sweepers[self.server_state] = _Sweeper(self.loop, self.connections, interval)
         sweeper.watch()
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.connections.discard(self)
+        self._phase = _IDLE
+        for cycle in (self._active, self.cycle):
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.wake()
+        if self.cycle is not None:
+            self.cycle.wake()  # an ASGI app listening for the disconnect after its answer
+        if self.flow is not None:
+            self.flow.resume_writing()  # releases writers waiting to drain: they find the connection gone
+        if exc is None:
+            self.transport.close()
+
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes; connection_lost follows
+
+    def pause_writing(self) -> None:
+        self.flow.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.flow.resume_writing()
+
     def data_received(self, data: bytes) -> None:
-        # uvicorn's, with the bytes counted for the header-size cap and refusals that stop the parser.
-        self._unset_keepalive_if_required()
         seen = self._seen
         self._chunk_start = seen
         self._seen = seen + len(data)
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            if self._refused:
-                return  # answered already (431)
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
-            return
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+            # No protocol to upgrade to: the request was served as plain HTTP; what follows it is not HTTP.
+            log.warning("Unsupported upgrade request.")
+            if self.cycle is not None:
+                self.cycle.keep_alive = False
+                if self.cycle.response_complete and not self.transport.is_closing():
+                    self.transport.close()
+            return
+        except httptools.HttpParserCallbackError as exc:
+            if self._refused:
+                return  # answered already (the callback raised _Refused)
+            log.error("serving an HTTP request failed", exc_info=exc.__context__ or exc)
+            self._refuse(500, "internal error while reading the request")
+            return
+        except httptools.HttpParserError as exc:
+            log.warning("Invalid HTTP request received.")
+            self._refuse(400, f"invalid HTTP request: {exc}")
             return
         if self._phase < _BODY:  # a header block still arriving: check it before reading more of it
-            if self.headers is not None and len(self.headers) > self._max_headers:
+            if len(self.headers) > self._max_headers:
                 self._refuse(431, f"the request has more than {self._max_headers} header fields")
             elif self._seen - self._begin_at > self._max_header_bytes and self._header_block_over(
                 in_progress=True
             ):
                 self._refuse(431, f"the request's header block exceeds {self._max_header_bytes} bytes")
 
-    def _header_block_over(self, in_progress: bool) -> bool:
-        """Whether the current request's header block exceeds ``max_header_bytes`` (the request target and each
-        header line); ``in_progress``: counting also the bytes of a field still arriving, which the parser
-        holds back until it ends."""
-        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers or ())
-        if in_progress:
-            size = max(size, self._seen - self._begin_end)
-        return size > self._max_header_bytes
+    # -- parser callbacks --------------------------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
-        # uvicorn stops the keep-alive timer only when data arrives or a response completes. A direct
-        # refusal is answered inside the parser, and its completion arms the timer; a request that follows
-        # in the same packet must stop it, or the timer closes the connection while that request runs.
-        self._unset_keepalive_if_required()
+        self.url = b""
+        self.headers = []
+        self.expect_100_continue = False
         self._phase = _HEADER
         self._begin_at = self._chunk_start
         self._begin_end = self._seen
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        # llhttp keeps trailing whitespace, which RFC 9110 section 5.5 excludes from the value.
+        value = value.rstrip(b" \t")
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         if len(self.headers) > self._max_headers:
@@ -434,10 +733,151 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         ):
             self._refuse(431, f"the request's header block exceeds {self._max_header_bytes} bytes")
             raise _Refused
+        if self.transport.is_closing():
+            self._refused = True  # an earlier answer closed the connection: nothing new is started
+            raise _Refused
         self._phase = _BODY
-        if self._direct is not None and self._start_direct():
+        previous = self.cycle
+        idle = previous is None or previous.response_complete
+        if idle and self._direct is not None and not self.expect_100_continue and self._start_direct():
             return
-        super().on_headers_complete()
+        self._start_asgi(idle)
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if type(cycle) is DirectCycle:
+            cycle.chunks.append(body)  # at most the Content-Length, which the gateway bounded
+            return
+        assert isinstance(cycle, AsgiCycle)
+        if cycle.response_complete:
+            return  # answered without reading it
+        cycle.body += body
+        if len(cycle.body) > HIGH_WATER_BYTES:
+            self.flow.pause_reading()
+        cycle.message_event.set()
+
+    def on_message_complete(self) -> None:
+        self._phase = _IDLE
+        cycle = self.cycle
+        if type(cycle) is DirectCycle:
+            cycle.body_complete()
+            return
+        assert isinstance(cycle, AsgiCycle)
+        if not cycle.response_complete:
+            cycle.more_body = False
+            cycle.message_event.set()
+
+    # -- requests ----------------------------------------------------------------------------------------------
+
+    def _start_direct(self) -> bool:
+        parser = self.parser
+        if (
+            parser.get_method() != b"POST"
+            or parser.get_http_version() != "1.1"
+            or not parser.should_keep_alive()
+            or parser.should_upgrade()
+        ):
+            return False
+        url = self.url
+        if b"?" in url or b"#" in url or b"%" in url:
+            return False  # the ASGI path parses and unquotes it
+        try:
+            path = url.decode("ascii")
+        except UnicodeDecodeError:
+            return False
+        assert self._direct is not None
+        ticket = self._direct.direct_infer("POST", path, wanted_headers(self.headers), time.monotonic_ns())
+        if ticket is None:
+            return False
+        self.cycle = self._active = DirectCycle(self, ticket, url)
+        return True
+
+    def _start_asgi(self, idle: bool) -> None:
+        parser = self.parser
+        http_version = parser.get_http_version()
+        try:
+            parsed = httptools.parse_url(self.url)
+        except httptools.HttpParserInvalidURLError:
+            self._refuse(400, "invalid HTTP request: the request target is not a URL")
+            raise _Refused from None
+        raw_path = parsed.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        root_path = self.root_path
+        scope: Scope = {
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": http_version,
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "method": parser.get_method().decode("ascii"),
+            "root_path": root_path,
+            "path": root_path + path,
+            "raw_path": root_path.encode("ascii") + raw_path,
+            "query_string": parsed.query or b"",
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+        }
+        app = self.app
+        limit = self.limit_concurrency
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            log.warning("Exceeded concurrency limit.")
+            app = _service_unavailable
+        keep_alive = http_version != "1.0" and parser.should_keep_alive()
+        cycle = AsgiCycle(self, scope, keep_alive, self.expect_100_continue)
+        self.cycle = cycle
+        if idle:
+            self._run(cycle, app)
+        else:
+            # Behind an unfinished request: it waits its turn, and reading pauses meanwhile.
+            self.flow.pause_reading()
+            self.pipeline.append((cycle, app))
+
+    def _run(self, cycle: AsgiCycle, app: App) -> None:
+        self._active = cycle
+        context = contextvars.Context() if self._reset_contextvars else None
+        task = self.loop.create_task(cycle.run(app), context=context)
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    def on_response_complete(self) -> None:
+        """A request's answer is written: start the next one waiting, else the keep-alive time begins."""
+        self.server_state.total_requests += 1
+        self._active = None
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.popleft()
+            self._run(cycle, app)
+        elif self._phase == _IDLE:
+            self._phase = _KEEP_ALIVE
+
+    def shutdown(self) -> None:
+        """The server is stopping: close now if nothing is being answered, else after the latest answer."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            self.transport.close()
+        else:
+            cycle.keep_alive = False
+
+    # -- refusals and time-outs --------------------------------------------------------------------------------
+
+    def _header_block_over(self, in_progress: bool) -> bool:
+        """Whether the current request's header block exceeds ``max_header_bytes`` (the request target and each
+        header line); ``in_progress``: counting also the bytes of a field still arriving, which the parser
+        holds back until it ends."""
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if in_progress:
+            size = max(size, self._seen - self._begin_end)
+        return size > self._max_header_bytes
+
+    def _answer_due(self) -> bool:
+        """Whether an earlier request's answer is still to be written (a refusal written now would precede it)."""
+        cycle = self.cycle
+        return cycle is not None and not cycle.response_complete
 
     def _refuse(self, status: int, message: str, extra_headers: bytes = b"") -> None:
         """Answers ``status`` with ``{"error": message}`` and closes the connection. Nothing is written if an
@@ -447,13 +887,13 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         transport = self.transport
         if transport.is_closing():
             return
-        cycle: Any = self.cycle
-        if cycle is None or cycle.response_complete:
+        if not self._answer_due():
             self._write_error(status, message, extra_headers)
         transport.close()
 
     def _write_error(self, status: int, message: str, extra_headers: bytes = b"") -> None:
-        body = b'{"error":"' + message.replace('"', "'").encode("utf-8") + b'"}'
+        text = message.replace("\\", "/").replace('"', "'")
+        body = b'{"error":"' + text.encode("ascii", "replace") + b'"}'
         content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             content.extend((name, b": ", value, b"\r\n"))
@@ -474,6 +914,12 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
             self._mark_begin = self._begin_at
             self._since = now
             return
+        if phase == _KEEP_ALIVE:
+            if now - self._since >= self._keep_alive_s:
+                self._phase = _IDLE
+                if not self.transport.is_closing():
+                    self.transport.close()
+            return
         limit = self.body_timeout_s if phase == _BODY else self.header_timeout_s
         if now - self._since >= limit:
             self._read_timed_out(phase)
@@ -485,8 +931,8 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         transport = self.transport
         if transport.is_closing():
             return
-        cycle: Any = self.cycle
-        if phase == _HEADER and (cycle is None or cycle.response_complete):
+        cycle = self.cycle
+        if phase == _HEADER and not self._answer_due():
             self._write_error(
                 408, f"the request's header block did not arrive within {self.header_timeout_s} s"
             )
@@ -494,50 +940,9 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
             phase == _BODY
             and cycle is not None
             and not cycle.response_complete
-            and not getattr(cycle, "response_started", False)  # a DirectCycle answers all at once, if at all
+            and not getattr(
+                cycle, "response_started", False
+            )  # a direct request answers all at once, if at all
         ):
             self._write_error(408, f"the request's body did not arrive within {self.body_timeout_s} s")
         transport.close()
-
-    def _start_direct(self) -> bool:
-        cycle = self.cycle
-        if (cycle is not None and not cycle.response_complete) or self.pipeline or self.expect_100_continue:
-            return False  # behind an unfinished request: uvicorn queues it in order
-        if self.transport.is_closing():
-            return False  # closing (Connection: close, shutdown): nothing new is started here
-        parser = self.parser
-        if (
-            parser.get_method() != b"POST"
-            or parser.get_http_version() != "1.1"
-            or not parser.should_keep_alive()
-            or parser.should_upgrade()
-        ):
-            return False
-        try:
-            raw_path = httptools.parse_url(self.url).path
-            path = raw_path.decode("ascii")
-        except (httptools.HttpParserInvalidURLError, UnicodeDecodeError):
-            return False  # uvicorn's path answers it as it always has
-        if "%" in path:
-            return False
-        assert self._direct is not None
-        ticket = self._direct.direct_infer("POST", path, wanted_headers(self.headers), time.monotonic_ns())
-        if ticket is None:
-            return False
-        self.cycle = DirectCycle(self, ticket, self.url)  # type: ignore[assignment]
-        return True
-
-    def on_body(self, body: bytes) -> None:
-        cycle: Any = self.cycle
-        if type(cycle) is DirectCycle:
-            cycle.chunks.append(body)  # at most the Content-Length, which the gateway bounded
-            return
-        super().on_body(body)
-
-    def on_message_complete(self) -> None:
-        self._phase = _IDLE
-        cycle: Any = self.cycle
-        if type(cycle) is DirectCycle:
-            cycle.body_complete()
-            return
-        super().on_message_complete()

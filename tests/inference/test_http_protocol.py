@@ -1,9 +1,13 @@
-"""The serving protocol sends a response's headers and body in one write, and loses nothing else."""
+"""The serving protocol (ours, httptools on asyncio): each answer in one write, keep-alive and pipelining in
+order, chunked bodies both ways, 100-continue, malformed requests and failing applications answered, and no
+dependency on uvicorn's protocol classes. uvicorn runs the server, as `manage.py serve` runs it."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -12,123 +16,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from inference.http_protocol import CoalescingHttpToolsProtocol, HeaderHoldingTransport
-
-HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"
-
-
-class RecordingTransport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[bytes] = []
-        self.closed = False
-        self.aborted = False
-
-    def write(self, data: Any) -> None:
-        self.writes.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return self.closed or self.aborted
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.aborted = True
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 1234)}.get(name, default)
-
-
-def test_headers_and_the_body_that_follows_leave_in_one_write() -> None:
-    async def scenario() -> list[bytes]:
-        inner = RecordingTransport()
-        t = HeaderHoldingTransport(inner, asyncio.get_running_loop())
-        t.write(HEAD)
-        t.write(b"hello")
-        await asyncio.sleep(0)  # the scheduled flush finds nothing left to send
-        return inner.writes
-
-    assert asyncio.run(scenario()) == [HEAD + b"hello"]
-
-
-def test_a_large_body_follows_its_headers_without_being_copied_into_one_buffer() -> None:
-    body = b"x" * (1 << 20)
-
-    async def scenario() -> list[bytes]:
-        inner = RecordingTransport()
-        t = HeaderHoldingTransport(inner, asyncio.get_running_loop())
-        t.write(HEAD)
-        t.write(body)
-        await asyncio.sleep(0)
-        return inner.writes
-
-    assert asyncio.run(scenario()) == [HEAD, body]
-
-
-def test_headers_without_a_body_in_the_same_step_go_out_on_the_next_loop_iteration() -> None:
-    head = b"HTTP/1.1 204 No Content\r\n\r\n"
-
-    async def scenario() -> tuple[list[bytes], list[bytes]]:
-        inner = RecordingTransport()
-        t = HeaderHoldingTransport(inner, asyncio.get_running_loop())
-        t.write(head)
-        before = list(inner.writes)
-        await asyncio.sleep(0)
-        return before, inner.writes
-
-    before, after = asyncio.run(scenario())
-    assert before == []
-    assert after == [head]
-
-
-def test_100_continue_and_writes_that_are_no_header_block_go_out_at_once() -> None:
-    writes = [
-        b"HTTP/1.1 100 Continue\r\n\r\n",  # the client waits for it before sending the body
-        b"5\r\nhello\r\n",
-        b"0\r\n\r\n",  # a chunked body's end
-        b"a body that happens to end in a blank line\r\n\r\n",
-    ]
-
-    async def scenario() -> list[bytes]:
-        inner = RecordingTransport()
-        t = HeaderHoldingTransport(inner, asyncio.get_running_loop())
-        for data in writes:
-            t.write(data)
-        return list(inner.writes)
-
-    assert asyncio.run(scenario()) == writes
-
-
-def test_close_sends_held_headers_first_and_abort_drops_them() -> None:
-    async def scenario() -> tuple[RecordingTransport, RecordingTransport]:
-        loop = asyncio.get_running_loop()
-        closing, aborting = RecordingTransport(), RecordingTransport()
-        a = HeaderHoldingTransport(closing, loop)
-        a.write(HEAD)
-        a.close()
-        a.flush()  # the scheduled flush, after the close: nothing left to send twice
-        b = HeaderHoldingTransport(aborting, loop)
-        b.write(HEAD)
-        assert b.get_write_buffer_size() == len(HEAD)
-        b.abort()
-        await asyncio.sleep(0)
-        return closing, aborting
-
-    closing, aborting = asyncio.run(scenario())
-    assert closing.writes == [HEAD] and closing.closed
-    assert aborting.writes == [] and aborting.aborted
-
-
-def test_other_transport_attributes_are_the_wrapped_transports() -> None:
-    async def scenario() -> Any:
-        t = HeaderHoldingTransport(RecordingTransport(), asyncio.get_running_loop())
-        return t.get_extra_info("peername")
-
-    assert asyncio.run(scenario()) == ("127.0.0.1", 1234)
+from inference.http_protocol import GatewayHttpProtocol
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -143,6 +31,18 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["path"] == "/empty":
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
+        return
+    if scope["path"] == "/fail":
+        raise RuntimeError("the application failed")
+    if scope["path"] == "/big":
+        big = b"b" * (64 * 1024)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"65536")]})
+        await send({"type": "http.response.body", "body": big})
+        return
+    if scope["path"] == "/late-body":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
+        await asyncio.sleep(0.3)
+        await send({"type": "http.response.body", "body": b"late"})
         return
     if scope["path"] == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -165,7 +65,7 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 socket_writes: list[bytes] = []  # what the real server's protocol handed to the socket transport
 
 
-class RecordingProtocol(CoalescingHttpToolsProtocol):
+class RecordingProtocol(GatewayHttpProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         write = transport.write
@@ -184,7 +84,14 @@ def server_port() -> Iterator[int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(_app, http=RecordingProtocol, lifespan="off", log_level="warning", loop="asyncio")
+    config = uvicorn.Config(
+        _app,
+        http=RecordingProtocol,
+        lifespan="off",
+        log_level="critical",  # the failing application's traceback is expected
+        loop="asyncio",
+        timeout_keep_alive=0.5,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -277,3 +184,83 @@ def test_a_real_server_answers_pipelined_head_and_empty_requests_in_order(server
     assert head_answer.startswith(b"HTTP/1.1 200 OK") and b"content-length: 5" in head_answer
     assert rest.startswith(b"HTTP/1.1 204 No Content\r\n")
     assert rest.split(b"\r\n\r\n", 1)[1].startswith(b"HTTP/1.1 200 OK")
+
+
+def _read_until_closed(conn: socket.socket, timeout_s: float = 10.0) -> bytes:
+    conn.settimeout(timeout_s)
+    data = b""
+    while True:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def test_a_chunked_request_body_reaches_the_application_whole(server_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", server_port), timeout=10) as conn:
+        conn.sendall(
+            b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n"
+        )
+        answer = _read_response(conn)
+    assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"echo:abcdefg")
+
+
+def test_a_malformed_request_gets_a_400_with_a_json_error_and_the_connection_closed(server_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", server_port), timeout=10) as conn:
+        conn.sendall(b"NOT A REQUEST\r\n\r\n")
+        answer = _read_until_closed(conn)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"connection: close" in head
+    assert body.startswith(b'{"error":"invalid HTTP request')
+
+
+def test_an_application_that_fails_before_answering_gets_a_500_and_the_connection_closes(
+    server_port: int,
+) -> None:
+    with socket.create_connection(("127.0.0.1", server_port), timeout=10) as conn:
+        conn.sendall(b"GET /fail HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = _read_until_closed(conn)
+    assert answer.startswith(b"HTTP/1.1 500 ") and answer.endswith(b"Internal Server Error")
+
+
+def test_a_large_body_follows_its_header_block_without_being_copied_into_one_buffer(server_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", server_port), timeout=10) as conn:
+        conn.sendall(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = _read_response(conn)
+    assert len(socket_writes) == 2 and socket_writes[1] == b"b" * 65536
+    assert answer == socket_writes[0] + socket_writes[1]
+
+
+def test_a_header_block_whose_body_comes_later_is_sent_without_waiting_for_it(server_port: int) -> None:
+    with socket.create_connection(("127.0.0.1", server_port), timeout=10) as conn:
+        conn.sendall(b"GET /late-body HTTP/1.1\r\nhost: x\r\n\r\n")
+        conn.settimeout(0.25)  # the body comes 0.3 s after the header block
+        first = conn.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 OK") and first.endswith(b"\r\n\r\n")
+        conn.settimeout(5)
+        assert conn.recv(65536) == b"late"
+
+
+def test_http_1_0_is_answered_and_closed_and_an_idle_keep_alive_connection_is_closed_after_its_timeout(
+    server_port: int,
+) -> None:
+    with socket.create_connection(("127.0.0.1", server_port), timeout=10) as conn:
+        conn.sendall(b"POST /echo HTTP/1.0\r\ncontent-length: 2\r\n\r\nhi")
+        answer = _read_until_closed(conn)
+    assert answer.startswith(b"HTTP/1.1 200 OK") and b"connection: close" in answer
+    with socket.create_connection(("127.0.0.1", server_port), timeout=10) as conn:
+        conn.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
+        assert _read_response(conn).endswith(b"echo:hi")
+        answered = time.monotonic()
+        assert _read_until_closed(conn) == b""  # keep-alive time-out 0.5 s; the sweep runs every 0.125 s
+        assert 0.45 <= time.monotonic() - answered <= 3.0
+
+
+def test_the_protocol_imports_none_of_uvicorns_protocol_modules() -> None:
+    code = (
+        "import sys, inference.http_protocol; "
+        "print(sorted(m for m in sys.modules if m.startswith('uvicorn')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -24,7 +24,7 @@ from django.core.management import call_command
 
 from carbonledger.management.commands import serve as serve_command
 from inference.gateway import Gateway
-from inference.http_protocol import CoalescingHttpToolsProtocol
+from inference.http_protocol import GatewayHttpProtocol
 from inference.keys import Principal
 from inference.repository import GatewayOptions
 from tests.support.models import build_test_repository
@@ -38,7 +38,7 @@ SLACK_S = 1.2  # a sweep runs at most every second, plus scheduling on a busy te
 STALLED = 25
 
 
-class QuickProtocol(CoalescingHttpToolsProtocol):
+class QuickProtocol(GatewayHttpProtocol):
     header_timeout_s = HEADER_TIMEOUT_S
     body_timeout_s = BODY_TIMEOUT_S
     max_headers = 20
@@ -168,7 +168,7 @@ def test_connections_stalled_mid_body_get_408_and_are_closed_after_the_body_time
     host, port = server
     body = linear_body()
     direct = [connect(host, port) for _ in range(STALLED)]  # the protocol's own infer path
-    asgi = [connect(host, port) for _ in range(STALLED)]  # uvicorn's ASGI path (not kept alive)
+    asgi = [connect(host, port) for _ in range(STALLED)]  # the ASGI path (not kept alive)
     for socks, extra in ((direct, b""), (asgi, b"connection: close\r\n")):
         for s in socks:
             s.sendall(
@@ -296,7 +296,7 @@ def test_connections_over_the_cap_get_503_and_are_closed_while_the_others_are_se
     host, port = server
     held: list[socket.socket] = []
     try:
-        # Keep-alive connections that each finished a request: idle, within uvicorn's keep-alive time-out.
+        # Keep-alive connections that each finished a request: idle, within the keep-alive time-out.
         for _ in range(QuickProtocol.max_connections):
             s = connect(host, port)
             s.sendall(b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -330,7 +330,7 @@ def test_the_serve_command_passes_the_connection_limits_from_the_settings(
     monkeypatch.setattr(serve_command.sys, "setswitchinterval", lambda s: None)
     call_command("serve", port=free_port())
     protocol = seen["http"]
-    assert issubclass(protocol, CoalescingHttpToolsProtocol)
+    assert issubclass(protocol, GatewayHttpProtocol)
     assert (
         protocol.header_timeout_s,
         protocol.body_timeout_s,

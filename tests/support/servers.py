@@ -11,7 +11,7 @@ from typing import Any
 
 import uvicorn
 
-from inference.http_protocol import CoalescingHttpToolsProtocol
+from inference.http_protocol import GatewayHttpProtocol
 
 
 def free_port() -> int:
@@ -52,7 +52,7 @@ def serve_asgi(app: Any, timeout_s: float = 30.0, **config_options: Any) -> Iter
         host="127.0.0.1",
         port=port,
         loop="asyncio",
-        http=CoalescingHttpToolsProtocol,  # as `manage.py serve` serves
+        http=GatewayHttpProtocol,  # as `manage.py serve` serves
         lifespan="on",
         access_log=False,
         log_level="warning",

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from carbonledger.asgi import application
-from inference.http_protocol import CoalescingHttpToolsProtocol
+from inference.http_protocol import GatewayHttpProtocol
 
 
 class Command(BaseCommand):
@@ -53,9 +53,10 @@ class Command(BaseCommand):
         sys.setswitchinterval(settings.GATEWAY_SWITCH_INTERVAL_S)
         # Measured here: the stdlib asyncio loop beat uvloop, httptools beat h11 by 25-30 %,
         # and one process with one batcher per model beat two workers (which split batches).
-        # httptools, with each response's headers and body sent in one write, read time-outs and header and
-        # connection caps (see http_protocol).
-        protocol = CoalescingHttpToolsProtocol.with_limits(
+        # uvicorn runs the process, the socket and the lifespan; the HTTP protocol is ours (httptools on asyncio:
+        # each answer in one write, infer requests without an ASGI task, read time-outs, header and connection
+        # caps; see inference/http_protocol.py), measured faster than subclassing uvicorn's.
+        protocol = GatewayHttpProtocol.with_limits(
             header_timeout_s=settings.GATEWAY_HEADER_TIMEOUT_S,
             body_timeout_s=settings.GATEWAY_BODY_TIMEOUT_S,
             max_headers=settings.GATEWAY_MAX_HEADERS,
