@@ -19,6 +19,7 @@ from django.db.migrations.executor import MigrationExecutor
 from inference.spool import Spool
 from ledger import partitions as parts
 from ledger.models import LedgerChain, LedgerRequest, period_of_ns
+from ledger.selectors import LedgerFilter, _requests, ledger_page
 from ledger.tasks import ledger_partitions
 from ledger.verify import verify_all
 from ledger.writer import LedgerWriter, append_records
@@ -229,3 +230,30 @@ def test_migration_0004_keeps_every_row_and_every_chain_verifies_both_ways(tmp_p
     assert LedgerRequest.objects.count() == before["ledger_request"][0] + 1
     assert [r.broken for r in verify_all()] == [None, None]
     assert LedgerChain.objects.filter(chain_id="migrated").exists()
+
+
+def test_a_read_from_a_month_on_skips_the_older_partitions_and_finds_the_stragglers() -> None:
+    org = OrganizationFactory()
+    append_records(
+        "reads",
+        [
+            *_request("rd", 1, org.pk, _ns(2026, 9)),
+            *_request("rd", 2, org.pk, _ns(2026, 11)),
+            *_request("rd", 3, org.pk, _ns(2026, 12, 1)),
+            # Received in November, chained after December's: stored in December's partition.
+            *_request("rd", 4, org.pk, _ns(2026, 11, 30)),
+        ],
+    )
+    ledger_partitions()
+    flt = LedgerFilter(organization_id=org.pk, start_ns=_ns(2026, 11, 1))
+
+    rows, _more = ledger_page("requests", flt)
+
+    assert [r["request_id"] for r in rows] == ["rd.r2", "rd.r4", "rd.r3"]
+    plan = _requests(flt).explain()
+    assert "ledger_request_p202611" in plan and "ledger_request_p202612" in plan
+    assert "ledger_request_p202609" not in plan
+    # A page after a key: the same bound from the key's month.
+    after = LedgerFilter(organization_id=org.pk, after=(_ns(2026, 11), 0))
+    assert [r["request_id"] for r in ledger_page("requests", after)[0]] == ["rd.r2", "rd.r4", "rd.r3"]
+    assert "ledger_request_p202609" not in _requests(after).explain()
