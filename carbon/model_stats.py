@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import Avg, Count, Max, Sum
 
 from carbon.models import HourlyRollup
-from ledger.models import LedgerRequest
+from ledger.models import LedgerRequest, period_of_ns
 
 
 def last_traffic_ns(organization_id: int) -> int | None:
@@ -24,7 +24,11 @@ def model_stats(organization_id: int) -> dict[str, Any]:
     if latest is None:
         return {"window_end": None, "models": [], "batch_sizes": {}, "energy": []}
     since = latest - 3600 * 10**9
-    recent = LedgerRequest.objects.filter(organization_id=organization_id, received_ns__gt=since)
+    # period >= since's month changes nothing (no record is placed before its own month) and spares PostgreSQL
+    # the older months' partitions.
+    recent = LedgerRequest.objects.filter(
+        organization_id=organization_id, received_ns__gt=since, period__gte=period_of_ns(since)
+    )
     models = list(
         recent.values("model", "version", "variant")
         .annotate(

@@ -20,6 +20,7 @@ from ledger.models import (
     LedgerQuarantine,
     LedgerRequest,
     LedgerRequestEnergy,
+    period_of_ns,
 )
 from ledger.ownership import chain_lease_name
 from tenancy.leases import LeaseGrant, lease_holder
@@ -94,13 +95,19 @@ def _org_devices(flt: LedgerFilter) -> list[str]:
 
 
 def _window(qs: QuerySet[Any], field: str, flt: LedgerFilter) -> QuerySet[Any]:
+    """``qs`` (of records whose own time is ``field``) within the filter's window, in time order. A record is never
+    placed in a period before its own time's month, so ``period >= `` the window's first month changes no result
+    and lets PostgreSQL skip the older months' partitions (docs/ledger-partitioning.md); no upper bound: a
+    straggler may lie in a later period than its month."""
     if flt.start_ns is not None:
-        qs = qs.filter(**{f"{field}__gte": flt.start_ns})
+        qs = qs.filter(**{f"{field}__gte": flt.start_ns, "period__gte": period_of_ns(flt.start_ns)})
     if flt.end_ns is not None:
         qs = qs.filter(**{f"{field}__lt": flt.end_ns})
     if flt.after is not None:
         at, pk = flt.after
-        qs = qs.filter(Q(**{f"{field}__gt": at}) | Q(**{field: at, "pk__gt": pk}))
+        qs = qs.filter(
+            Q(**{f"{field}__gt": at}) | Q(**{field: at, "pk__gt": pk}), period__gte=period_of_ns(at)
+        )
     return qs.order_by(field, "pk")
 
 
