@@ -14,6 +14,7 @@ Outputs always travel in ``raw_output_contents``, as Triton's gRPC server sends 
 
 from __future__ import annotations
 
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from inference.kserve import (
     _shape_of,
     _short,
 )
-from inference.limits import TENSOR_MAX_DIMS
+from inference.limits import TENSOR_MAX_DIMS, TENSOR_MAX_ELEMENTS
 
 ModelInferRequest = service_pb2.ModelInferRequest
 ModelInferResponse = service_pb2.ModelInferResponse
@@ -142,18 +143,22 @@ def decode_infer_request(msg: Any) -> InferRequest:
     Inputs carry their data either all in ``raw_input_contents`` (one entry per input, in order) or each in
     its typed ``contents``, as Triton requires.
     """
-    rid = _request_id({"id": msg.id}) if msg.id else None
-    params = parameter_values(msg.parameters, "", rid)
+    # This runs on the event loop for every gRPC request: the checks of what is rare (parameters, an unusual
+    # shape) are only made when there is something to check.
+    request_id = msg.id
+    rid = _request_id({"id": request_id}) if request_id else None
+    params = parameter_values(msg.parameters, "", rid) if msg.parameters else {}
     raw = msg.raw_input_contents
     raw_count = len(raw)
-    if raw_count and raw_count != len(msg.inputs):
+    tensors = msg.inputs
+    if raw_count and raw_count != len(tensors):
         raise InvalidInput(
-            f"{_prefix(rid)}the request has {len(msg.inputs)} inputs but {raw_count} raw_input_contents: give "
+            f"{_prefix(rid)}the request has {len(tensors)} inputs but {raw_count} raw_input_contents: give "
             "raw contents for every input, in order, or for none"
         )
     inputs: dict[str, np.ndarray[Any, Any]] = {}
     datatypes: dict[str, str] = {}
-    for index, tensor in enumerate(msg.inputs):
+    for index, tensor in enumerate(tensors):
         name = tensor.name
         if name in inputs:
             raise InvalidInput(f"{_prefix(rid)}input '{name}' is given twice")
@@ -165,8 +170,13 @@ def decode_infer_request(msg: Any) -> InferRequest:
             raise InvalidInput(
                 f"{_prefix(rid)}input '{name}': 'shape' has {len(dims)} dimensions; at most {TENSOR_MAX_DIMS}"
             )
-        shape, count = _shape_of(list(dims), name, rid)
-        parameter_values(tensor.parameters, f"input '{name}': ", rid)
+        shape = tuple(dims)
+        count = prod(shape)
+        if not 0 < count <= TENSOR_MAX_ELEMENTS or (shape and min(shape) < 0):
+            # a zero, a negative or a huge dimension: kserve.py's checks, which name it
+            shape, count = _shape_of(list(dims), name, rid)
+        if tensor.parameters:
+            parameter_values(tensor.parameters, f"input '{name}': ", rid)
         has_contents = tensor.HasField("contents")
         if raw_count:
             if has_contents:
@@ -185,16 +195,18 @@ def decode_infer_request(msg: Any) -> InferRequest:
         datatypes[name] = datatype
 
     outputs: list[RequestedOutput] | None = None
-    if len(msg.outputs):
+    requested = msg.outputs
+    if requested:
         outputs = []
-        for out in msg.outputs:
-            where = f"output '{out.name}': "
-            oparams = parameter_values(out.parameters, where, rid)
-            classification = oparams.get("classification")
-            if classification is not None and type(classification) is not int:
-                raise InvalidInput(f"{_prefix(rid)}{where}parameter 'classification' must be an integer")
-            if classification:
-                raise InvalidInput(f"{_prefix(rid)}{where}the classification extension is not supported")
+        for out in requested:
+            if out.parameters:
+                where = f"output '{out.name}': "
+                oparams = parameter_values(out.parameters, where, rid)
+                classification = oparams.get("classification")
+                if classification is not None and type(classification) is not int:
+                    raise InvalidInput(f"{_prefix(rid)}{where}parameter 'classification' must be an integer")
+                if classification:
+                    raise InvalidInput(f"{_prefix(rid)}{where}the classification extension is not supported")
             outputs.append(RequestedOutput(out.name, True))
     return InferRequest(
         id=rid,
@@ -206,26 +218,123 @@ def decode_infer_request(msg: Any) -> InferRequest:
     )
 
 
+# -- answers, written by hand -----------------------------------------------------------------------------
+# An answer is a handful of length-delimited fields: building protobuf message objects for it (a map entry per
+# parameter, a message per output, then serializing them) cost several times what writing the bytes does, on
+# the event loop, for every request. The tags below are service.proto's field numbers; the test
+# (tests/inference/test_grpc_codec.py) checks the bytes parse to the message protobuf builds.
+_RESPONSE_MODEL_NAME = b"\x0a"  # ModelInferResponse.model_name = 1
+_RESPONSE_MODEL_VERSION = b"\x12"  # .model_version = 2
+_RESPONSE_ID = b"\x1a"  # .id = 3
+_RESPONSE_PARAMETER = b"\x22"  # .parameters = 4, map<string, InferParameter>
+_RESPONSE_OUTPUT = b"\x2a"  # .outputs = 5, InferOutputTensor
+_RESPONSE_RAW = b"\x32"  # .raw_output_contents = 6
+_OUTPUT_NAME = b"\x0a"  # InferOutputTensor.name = 1
+_OUTPUT_DATATYPE = b"\x12"  # .datatype = 2
+_OUTPUT_SHAPE = b"\x1a"  # .shape = 3, packed int64
+_ENTRY_KEY = b"\x0a"  # a map entry's key = 1
+_ENTRY_VALUE = b"\x12"  # its value = 2
+_PARAMETER_STRING = b"\x1a"  # InferParameter.string_param = 3
+_STREAM_RESPONSE = b"\x12"  # ModelStreamInferResponse.infer_response = 2
+# parameters["triton_final_response"] = InferParameter(bool_param=True)
+_FINAL_RESPONSE = b"\x22\x1b\x0a\x15triton_final_response\x12\x02\x08\x01"
+_SMALL_VARINTS = [bytes((n,)) for n in range(0x80)]
+_INT64_MASK = (1 << 64) - 1
+
+
+def _varint(n: int) -> bytes:
+    if 0 <= n < 0x80:
+        return _SMALL_VARINTS[n]
+    n &= _INT64_MASK  # a negative int64 is written as its two's complement, ten bytes
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    return tag + _varint(len(payload)) + payload
+
+
+def _text_field(tag: bytes, text: str) -> bytes:
+    return _field(tag, text.encode("utf-8")) if text else b""
+
+
+# The fields that repeat from answer to answer: a model's name and version, an output's name, datatype and
+# shape. Bounded: a client choosing its batch size makes only a few shapes per output.
+_HEADS: dict[tuple[str, str], bytes] = {}
+_OUTPUT_HEADS: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
+_MAX_CACHED = 4096
+
+
+def _head(model_name: str, model_version: str) -> bytes:
+    key = (model_name, model_version)
+    head = _HEADS.get(key)
+    if head is None:
+        head = _text_field(_RESPONSE_MODEL_NAME, model_name) + _text_field(
+            _RESPONSE_MODEL_VERSION, model_version
+        )
+        if len(_HEADS) >= _MAX_CACHED:
+            _HEADS.clear()
+        _HEADS[key] = head
+    return head
+
+
+def _output_head(name: str, datatype: str, shape: tuple[int, ...]) -> bytes:
+    key = (name, datatype, shape)
+    head = _OUTPUT_HEADS.get(key)
+    if head is None:
+        tensor = _text_field(_OUTPUT_NAME, name) + _text_field(_OUTPUT_DATATYPE, datatype)
+        if shape:
+            tensor += _field(_OUTPUT_SHAPE, b"".join([_varint(d) for d in shape]))
+        head = _field(_RESPONSE_OUTPUT, tensor)
+        if len(_OUTPUT_HEADS) >= _MAX_CACHED:
+            _OUTPUT_HEADS.clear()
+        _OUTPUT_HEADS[key] = head
+    return head
+
+
 def encode_infer_response(
     model_name: str,
     model_version: str,
     request_id: str | None,
     outputs: list[tuple[TensorSpec, np.ndarray[Any, Any], bool]],
     parameters: dict[str, str] | None,
-) -> Any:
-    """The ``ModelInferResponse`` of an answer (``InferenceCore.answer_parts``): every output's bytes in
-    ``raw_output_contents`` (little-endian; BYTES elements each after a 4-byte length), the parameters as
-    strings (``ledger_id``, ``variant``)."""
-    response = ModelInferResponse(model_name=model_name, model_version=model_version, id=request_id or "")
+    *,
+    final_response: bool = False,
+) -> bytes:
+    """The serialized ``ModelInferResponse`` of an answer (``InferenceCore.answer_parts``): every output's
+    bytes in ``raw_output_contents`` (little-endian; BYTES elements each after a 4-byte length), the
+    parameters as strings (``ledger_id``, ``variant``), and ``triton_final_response`` when asked for (a
+    stream's answer, as Triton flags the last response of a request)."""
+    parts = [_head(model_name, model_version)]
+    if request_id:
+        parts.append(_text_field(_RESPONSE_ID, request_id))
     if parameters:
         for key, value in parameters.items():
-            response.parameters[key].string_param = value
-    raw = response.raw_output_contents
+            entry = _field(_ENTRY_KEY, key.encode("utf-8")) + _field(
+                _ENTRY_VALUE, _field(_PARAMETER_STRING, value.encode("utf-8"))
+            )
+            parts.append(_field(_RESPONSE_PARAMETER, entry))
+    if final_response:
+        parts.append(_FINAL_RESPONSE)
+    raws = []
     for tspec, arr, _binary in outputs:
-        response.outputs.add(name=tspec.name, datatype=tspec.datatype, shape=arr.shape)
-        if tspec.datatype == "BYTES":
-            raw.append(_bytes_payload(arr))
+        datatype = tspec.datatype
+        parts.append(_output_head(tspec.name, datatype, arr.shape))
+        if datatype == "BYTES":
+            raw = _bytes_payload(arr)
         else:
-            want = LITTLE_ENDIAN[tspec.datatype]
-            raw.append((arr if arr.dtype == want else arr.astype(want)).tobytes())
-    return response
+            want = LITTLE_ENDIAN[datatype]
+            raw = (arr if arr.dtype == want else arr.astype(want)).tobytes()
+        raws.append(_RESPONSE_RAW + _varint(len(raw)))
+        raws.append(raw)
+    parts += raws
+    return b"".join(parts)
+
+
+def encode_stream_response(infer_response: bytes) -> bytes:
+    """A ``ModelStreamInferResponse`` carrying a serialized ``ModelInferResponse``."""
+    return _STREAM_RESPONSE + _varint(len(infer_response)) + infer_response

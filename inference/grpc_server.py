@@ -37,8 +37,8 @@ from inference import metadata
 from inference.batcher import Pending
 from inference.core import InferenceCore
 from inference.errors import InferenceError, InvalidInput, QueueFull, Unauthorized
-from inference.grpc_codec import decode_infer_request, encode_infer_response
-from inference.keys import Principal
+from inference.grpc_codec import decode_infer_request, encode_infer_response, encode_stream_response
+from inference.keys import KeyLookup, Principal
 from inference.repository import ModelVersion
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ MAX_DETAILS_CHARS = 2000
 # this many, so that a client that never reads its answers cannot make the server hold an unbounded backlog.
 STREAM_WINDOW = 256
 STOP_GRACE_S = 5.0
+_MISSING_KEY = "missing API key: send the metadata 'authorization: Bearer <key>'"
 
 
 def grpc_status(exc: InferenceError) -> grpc.StatusCode:
@@ -179,16 +180,25 @@ class GrpcFrontEnd:
             handlers[name] = unary(partial(self._unary, message_type, call))
         return handlers
 
-    async def _authenticate(self, context: Any) -> Principal | None:
-        authorization = _authorization(context)
+    def _cached_principal(self, authorization: bytes | None) -> Principal | KeyLookup | None:
+        """``InferenceCore.cached_principal``, its message for a missing key naming the gRPC metadata."""
+        try:
+            return self.core.cached_principal(authorization)
+        except Unauthorized:
+            if authorization is None:  # the core's message names the HTTP header
+                raise Unauthorized(_MISSING_KEY) from None
+            raise
+
+    async def _authenticate(self, authorization: bytes | None) -> Principal | None:
         try:
             return await self.core.authenticate(authorization)
         except Unauthorized:
-            if authorization is None:  # the core's message names the HTTP header
-                raise Unauthorized(
-                    "missing API key: send the metadata 'authorization: Bearer <key>'"
-                ) from None
+            if authorization is None:
+                raise Unauthorized(_MISSING_KEY) from None
             raise
+
+    async def _authorize(self, context: Any) -> Principal | None:
+        return await self._authenticate(_authorization(context))
 
     # -- the non-infer calls -----------------------------------------------------------------
 
@@ -213,7 +223,7 @@ class GrpcFrontEnd:
         return pb.ServerReadyResponse(ready=metadata.server_ready(self.core.repository, self.core.started))
 
     async def _model_ready(self, request: Any, context: Any) -> Any:
-        await self._authenticate(context)
+        await self._authorize(context)
         try:
             metadata.check_model_ready(self.core.repository, request.name, request.version or None)
         except InferenceError as exc:
@@ -225,30 +235,30 @@ class GrpcFrontEnd:
         return pb.ModelReadyResponse(ready=True)
 
     async def _server_metadata(self, request: Any, context: Any) -> Any:
-        await self._authenticate(context)
+        await self._authorize(context)
         return pb.ServerMetadataResponse(
             name=metadata.SERVER_NAME, version=metadata.SERVER_VERSION, extensions=metadata.EXTENSIONS
         )
 
     async def _model_metadata(self, request: Any, context: Any) -> Any:
-        await self._authenticate(context)
+        await self._authorize(context)
         document = metadata.model_metadata(self.core.repository, request.name, request.version or None)
         return _from_json(document, pb.ModelMetadataResponse())
 
     async def _model_config(self, request: Any, context: Any) -> Any:
-        await self._authenticate(context)
+        await self._authorize(context)
         document = metadata.model_config(self.core.repository, request.name, request.version or None)
         response = pb.ModelConfigResponse()
         _from_json(document, response.config)
         return response
 
     async def _model_statistics(self, request: Any, context: Any) -> Any:
-        await self._authenticate(context)
+        await self._authorize(context)
         document = metadata.statistics(self.core.repository, request.name or None, request.version or None)
         return _from_json(document, pb.ModelStatisticsResponse())
 
     async def _repository_index(self, request: Any, context: Any) -> Any:
-        await self._authenticate(context)
+        await self._authorize(context)
         rows = orjson.loads(metadata.repository_index(self.core.repository))
         if request.ready:
             rows = [row for row in rows if row.get("state") == "READY"]
@@ -270,18 +280,29 @@ class GrpcFrontEnd:
             raise
         return mv, core.submit_request(mv, req, principal, received, future)
 
-    def _answer(self, mv: ModelVersion, pending: Pending, result: Any) -> Any:
+    def _answer(self, mv: ModelVersion, pending: Pending, result: Any, final_response: bool = False) -> bytes:
         chosen, params = self.core.answer_parts(mv, pending, result)
-        return encode_infer_response(mv.spec.name, mv.version, pending.payload.request.id, chosen, params)
+        return encode_infer_response(
+            mv.spec.name,
+            mv.version,
+            pending.payload.request.id,
+            chosen,
+            params,
+            final_response=final_response,
+        )
 
     async def _model_infer(self, raw: bytes, context: Any) -> bytes:
         received = time.monotonic_ns()
         core = self.core
         try:
-            principal = await self._authenticate(context)
+            # The key cache answers almost every call: the key store only on a miss (a coroutine to await).
+            authorization = _authorization(context)
+            principal = self._cached_principal(authorization)
+            if isinstance(principal, KeyLookup):
+                principal = await self._authenticate(authorization)
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             mv, pending = self._accept(raw, principal, received, future)
-            payload: bytes = self._answer(mv, pending, await future).SerializeToString()
+            payload = self._answer(mv, pending, await future)
         except InferenceError as exc:
             error = exc
         except Exception:
@@ -298,7 +319,7 @@ class GrpcFrontEnd:
         request's id); a refused request is answered with ``error_message`` and the stream goes on, as in
         Triton. A bad key ends the stream."""
         try:
-            principal = await self._authenticate(context)
+            principal = await self._authorize(context)
         except InferenceError as exc:
             await context.abort(grpc_status(exc), _details(exc.message), _trailers(exc))
             return
@@ -355,11 +376,10 @@ class GrpcFrontEnd:
         result: Any,
     ) -> None:
         try:
-            response = pb.ModelStreamInferResponse(infer_response=self._answer(mv, pending, result))
-            if pending.payload.request.parameters.get("triton_enable_empty_final_response") is True:
-                # Triton flags the last response of a request (here the only one) when the client asks for it,
-                # as perf_analyzer --streaming does.
-                response.infer_response.parameters["triton_final_response"].bool_param = True
+            # Triton flags the last response of a request (here the only one) when the client asks for it, as
+            # perf_analyzer --streaming does.
+            final = pending.payload.request.parameters.get("triton_enable_empty_final_response") is True
+            answer = encode_stream_response(self._answer(mv, pending, result, final))
         except InferenceError as exc:
             answers.put_nowait(_stream_error(exc))
             return
@@ -369,7 +389,7 @@ class GrpcFrontEnd:
                 _stream_error(InferenceError("internal error while encoding the response", 500))
             )
             return
-        answers.put_nowait(response.SerializeToString())
+        answers.put_nowait(answer)
         self.core.response_sent(mv, pending, received)
 
 
