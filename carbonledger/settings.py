@@ -149,6 +149,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",  # served from this server: no CDN
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # No deep links: Swagger UI puts each operation's link inside the button that opens it, a link no keyboard
+    # or screen reader reaches (axe-core's nested-interactive; tests/dashboard/test_browser_admin.py).
+    "SWAGGER_UI_SETTINGS": {"deepLinking": False},
     "COMPONENT_SPLIT_REQUEST": True,
     # One schema build at a time per process: drf-spectacular's generation state is global (api/schema.py).
     "DEFAULT_GENERATOR_CLASS": "api.schema.SchemaGenerator",
