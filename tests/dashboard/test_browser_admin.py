@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import Client
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from tests.dashboard.test_browser import CHROMIUM, PASSWORD, SCREENSHOTS
@@ -27,6 +28,7 @@ STAFF_PAGES = {
 }
 # Signed in as an organization's admin (not staff): the API as a browser sees it, and its documentation.
 MEMBER_PAGES = {
+    "api-browsable-index": "/api/v1/",
     "api-browsable-models": "/api/v1/models",
     "api-browsable-ledger": "/api/v1/ledger/requests?limit=5",
     "api-browsable-api-keys": "/api/v1/api-keys",
@@ -197,3 +199,22 @@ def test_axe_core_finds_no_serious_or_critical_violation_on_the_admin_api_and_do
             if serious:
                 problems[f"{name} at {width} px"] = serious
     assert not problems, "\n".join(f"{k}: {v}" for k, v in problems.items())
+
+
+@pytest.mark.django_db
+def test_the_api_index_in_a_browser_is_the_browsable_page_and_a_client_still_gets_json(
+    client: Client,
+) -> None:
+    # Signed out, a browser still learns where the docs are, on a page with the product's header.
+    page = client.get("/api/v1/", HTTP_ACCEPT="text/html,application/xhtml+xml")
+    assert page.status_code == 401 and page["Content-Type"].startswith("text/html")
+    html = page.content.decode()
+    assert (
+        '<header class="site">' in html
+        and 'href="/api/docs/"' in html
+        and "/static/carbonledger/tools.css" in html
+    )
+    # A client asking for nothing in particular, or for JSON, gets JSON.
+    for accept in ({}, {"HTTP_ACCEPT": "application/json"}):
+        answer = client.get("/api/v1/", **accept)
+        assert answer.status_code == 401 and answer.json()["docs"] == "/api/docs/"
