@@ -9,7 +9,7 @@ from typing import Any
 
 from rest_framework.decorators import api_view, permission_classes, renderer_classes
 from rest_framework.permissions import AllowAny
-from rest_framework.renderers import JSONRenderer
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -37,7 +37,9 @@ def endpoints() -> tuple[dict[str, Any], ...]:
 @doc("This index: every endpoint of the API, with a link to its documentation")
 @api_view(["GET"])
 @permission_classes([AllowAny])  # the 401 below says where the docs are, which DRF's own refusal cannot
-@renderer_classes([JSONRenderer])  # JSON in a browser too: the docs page is the API's human face
+# JSON for clients; a browser (Accept: text/html) gets the same JSON in DRF's browsable page, in the product's look
+# (templates/rest_framework/api.html), with the link to the docs page, the API's human face.
+@renderer_classes([JSONRenderer, BrowsableAPIRenderer])
 def index(request: Request) -> Response:
     if not request.user or not request.user.is_authenticated:
         return Response(
