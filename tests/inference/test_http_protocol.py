@@ -18,9 +18,16 @@ import uvicorn
 
 from inference.http_protocol import GatewayHttpProtocol
 
+disconnects: list[str] = []  # paths whose application saw http.disconnect while reading the body
+
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
+        return
+    if scope["path"] == "/until-disconnect":
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        disconnects.append(scope["path"])
         return
     body = b""
     while True:
@@ -264,3 +271,25 @@ def test_the_protocol_imports_none_of_uvicorns_protocol_modules() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_an_application_reading_the_body_hears_http_disconnect_when_the_client_leaves(
+    server_port: int,
+) -> None:
+    disconnects.clear()
+    with socket.create_connection(("127.0.0.1", server_port), timeout=10) as conn:
+        conn.sendall(b"POST /until-disconnect HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\npart")
+        time.sleep(0.1)
+    deadline = time.monotonic() + 5
+    while not disconnects:
+        assert time.monotonic() < deadline, "the application never heard the client leave"
+        time.sleep(0.01)
+    assert disconnects == ["/until-disconnect"]
+
+
+def test_a_body_larger_than_the_read_buffer_reaches_the_application_whole(server_port: int) -> None:
+    payload = bytes(range(256)) * 4096  # 1 MiB: reading pauses and resumes as the application takes it
+    with socket.create_connection(("127.0.0.1", server_port), timeout=10) as conn:
+        conn.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload)
+        answer = _read_response(conn)
+    assert answer.endswith(b"\r\n\r\necho:" + payload)
