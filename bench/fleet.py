@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python bench/fleet.py            # full run: 2 rounds, 5 s windows; about 10 minutes on a quiet machine
+    .venv/bin/python bench/fleet.py            # full run: 2 rounds, 5 s windows; 5-6 minutes on a quiet machine
     .venv/bin/python bench/fleet.py --quick    # smoke run: 1 round, 1 s windows; about 2 minutes
 
 What it does:
@@ -490,7 +490,7 @@ class Fleet:
         """HAProxy in front of replicas 1..n, every one of them UP in its health checks."""
         if self.haproxy is not None and self.haproxy.alive() and self.haproxy_size == n:
             return
-        if self.haproxy is not None:
+        if self.haproxy is not None and self.haproxy.alive():
             self.haproxy.stop(grace_s=5.0)
         cfg = self.work / f"haproxy-{n}.cfg"
         cfg.write_text(
@@ -752,6 +752,8 @@ class Bench:
         self.fleet.resize(n)
         if config != DIRECT:
             self.fleet.balance(n)
+        elif self.fleet.haproxy is not None and self.fleet.haproxy.alive():
+            self.fleet.haproxy.stop(grace_s=5.0)  # not even its health checks during the direct run
         attempts: list[dict[str, Any]] = []
         while True:
             res = self.once(round_no, config, len(attempts) + 1)
