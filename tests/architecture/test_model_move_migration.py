@@ -15,6 +15,7 @@ from django.db.migrations.executor import MigrationExecutor
 
 from inference.spool import Spool
 from ledger.models import LedgerBatch, LedgerBatchEnergy, LedgerChain, LedgerIdle, LedgerRequest
+from ledger.records import KINDS
 from ledger.verify import verify_all
 from ledger.writer import LedgerWriter
 from tenancy.models import Lease, Organization
@@ -29,6 +30,9 @@ BEFORE_THE_MOVE = [
     ("ledger", None),
     ("carbon", None),
 ]
+
+
+KINDS_MODELS = [kind.model for kind in KINDS.values() if kind.kind != "quarantine"]  # its table is later
 
 
 def _migrate(targets: list[tuple[str, str | None]]) -> None:
@@ -80,10 +84,16 @@ def test_a_ledger_written_before_the_move_keeps_every_row_and_verifies_after_mig
         spool = Spool(tmp_path / "spool")
         for lines, _ in batches:
             spool.append(b"".join(lines))
-        # Today's writer leases its chain (tenancy.Lease, a later migration): its table is lent to the old layout
-        # for the write, and taken away before migrating forward, which creates it.
+        # Today's writer leases its chain (tenancy.Lease, a later migration) and places its records in periods
+        # (ledger 0003): the table and the columns are lent to the old layout for the write, and taken away before
+        # migrating forward, which creates them (and places the rows again).
+        # Plain SQL: the schema editor would rebuild a SQLite table from today's model, constraints included.
+        lent = [(model._meta.db_table, "period") for model in KINDS_MODELS]
+        lent.append((LedgerChain._meta.db_table, "head_period"))
         with connection.schema_editor() as editor:
             editor.create_model(Lease)
+            for table, column in lent:
+                editor.execute(f"ALTER TABLE {table} ADD COLUMN {column} integer NOT NULL DEFAULT 0")
         try:
             writer = LedgerWriter(spool)
             writer.recover()
@@ -92,6 +102,8 @@ def test_a_ledger_written_before_the_move_keeps_every_row_and_verifies_after_mig
         finally:
             with connection.schema_editor() as editor:
                 editor.delete_model(Lease)
+                for table, column in lent:
+                    editor.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         before = _table_rows()
         assert before["ledger_request"] == 15
     finally:
