@@ -32,7 +32,7 @@ from carbon.inputs import rollup_consumption
 from carbon.models import HourlyRollup, RollupCursor
 from carbon.selectors import MARKET_ERROR_PREFIX, PueHistory, factor_set, instruments_of, residual_mixes_of
 from carbon.services import site_ensure_pue_record
-from ledger.models import ChainOrganization, LedgerChain
+from ledger.models import ChainOrganization, LedgerArchive, LedgerChain
 from tenancy.models import Device, Site
 
 log = logging.getLogger(__name__)
@@ -486,8 +486,28 @@ def recompute_carbon(
     return len(rows)
 
 
+class RebuildRefused(Exception):
+    """The raw ledger no longer holds every record the rollups counted."""
+
+
+def rolled_up_seq(chain: LedgerChain) -> int:
+    """How far the rollups have read every table of ``chain``: the ledger's retention archives no further
+    (named in the settings' LEDGER_ARCHIVE_LIMITS), so no record leaves the database before its energy is in the rollups."""
+    seqs = dict(RollupCursor.objects.filter(chain_id=chain.pk, table__in=_TABLES).values_list("table", "seq"))
+    return min(seqs.get(table, 0) for table in _TABLES)
+
+
 def rollups_rebuild() -> RollupRun:
-    """Throw the rollups away and build them again from the raw ledger."""
+    """Throw the rollups away and build them again from the raw ledger. Refused once records were archived: the
+    rollups are then all that holds those months' sums, and a rebuild would silently drop them."""
+    archived = LedgerArchive.objects.order_by("-to_seq").first()
+    if archived is not None:
+        raise RebuildRefused(
+            f"refused: ledger records were archived (chain {archived.chain.chain_id} up to seq {archived.to_seq}, "
+            f"before {archived.before_period // 100}-{archived.before_period % 100:02d}) and are no longer in the "
+            "database; a rebuild from the raw rows would drop their energy from the rollups. The archived months' "
+            "rollups stay as they are; `rollups` (without --rebuild) folds in new records"
+        )
     with transaction.atomic():
         _lock()
         HourlyRollup.objects.all().delete()

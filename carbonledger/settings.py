@@ -292,6 +292,13 @@ LEDGER_VERIFY_INTERVAL_S = env_float("LEDGER_VERIFY_INTERVAL_S", 600.0, minimum=
 LEDGER_FULL_VERIFY_INTERVAL_S = env_float("LEDGER_FULL_VERIFY_INTERVAL_S", 86400.0, minimum=60.0)
 # Verification runs in this many processes (hashing is CPU-bound Python), across chains and within one.
 LEDGER_VERIFY_WORKERS = env_int("LEDGER_VERIFY_WORKERS", min(4, os.cpu_count() or 1), minimum=1, maximum=256)
+# Retention (docs/energy-and-ledger.md#retention-archives-of-old-records): the ledger's raw records older than
+# this many months (the current one counted) are archived to files in LEDGER_ARCHIVE_DIR, then taken out of the
+# database, daily; 0 keeps everything.
+LEDGER_RETENTION_MONTHS = env_int("LEDGER_RETENTION_MONTHS", 0, minimum=0)
+LEDGER_ARCHIVE_DIR = Path(env_str("LEDGER_ARCHIVE_DIR", str(VAR_DIR / "archive")))
+# What bounds the archive besides verification (dotted paths, by name: the ledger imports nothing above it).
+LEDGER_ARCHIVE_LIMITS = ["carbon.rollups.rolled_up_seq"]
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "rollups-update": {"task": "carbonledger.rollups_update", "schedule": ROLLUP_INTERVAL_S},
     "ledger-verify": {"task": "carbonledger.verify_ledger", "schedule": LEDGER_VERIFY_INTERVAL_S},
@@ -301,6 +308,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "kwargs": {"full": True},
     },
 }
+if LEDGER_RETENTION_MONTHS:
+    CELERY_BEAT_SCHEDULE["ledger-archive"] = {"task": "carbonledger.ledger_archive", "schedule": 86400.0}
 # Reports: last month's report for each organization, on the 1st at 02:00 UTC (off: REPORTS_MONTHLY=false).
 REPORTS_MONTHLY = env_bool("REPORTS_MONTHLY", True)
 if REPORTS_MONTHLY:

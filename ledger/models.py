@@ -403,3 +403,37 @@ class LedgerVerification(models.Model):
     @property
     def intact(self) -> bool:
         return not self.problem
+
+
+class LedgerArchive(models.Model):
+    """Records ``from_seq + 1 .. to_seq`` of a chain, moved by the retention policy out of the database into a file
+    (gzip JSON lines, every record of every kind in seq order, all columns) with a manifest (``ledger/archive.py``;
+    docs/energy-and-ledger.md, "Retention"). Recorded once the file is written, synced and read back; its rows
+    are taken out after (``rows_deleted_at``). The chain's verification then starts at the newest archive's
+    ``to_seq`` and ``last_hash``, its checkpoint."""
+
+    chain = models.ForeignKey(LedgerChain, on_delete=models.PROTECT, related_name="archives")
+    from_seq = models.BigIntegerField()
+    to_seq = models.BigIntegerField()
+    prev_hash = models.CharField(max_length=64, help_text="the hash of record from_seq (genesis: 64 zeros)")
+    last_hash = models.CharField(max_length=64, help_text="the hash of record to_seq")
+    records = models.BigIntegerField()
+    counts = models.JSONField(default=dict, help_text="records per kind")
+    before_period = models.IntegerField(
+        help_text="the cutoff (yyyymm): every record archived is of an earlier period"
+    )
+    path = models.CharField(max_length=1000, help_text="the data file")
+    manifest_path = models.CharField(max_length=1000)
+    sha256 = models.CharField(max_length=64, help_text="of the data file")
+    created_at = models.DateTimeField()
+    rows_deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "ledger_archive"
+        ordering = ["chain", "to_seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["chain", "to_seq"], name="ledger_archive_chain_to_seq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.chain_id}: seq {self.from_seq + 1}..{self.to_seq}"

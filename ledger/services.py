@@ -21,7 +21,7 @@ from ledger.models import (
 )
 from ledger.records import GENESIS, KINDS, link_hash, normalize
 from ledger.selectors import quarantine_rows
-from ledger.verify import verify_chains
+from ledger.verify import checkpoints, verify_chains
 from ledger.writer import (
     QUARANTINE_ERROR_CHARS,
     append_marker,
@@ -80,18 +80,26 @@ def ledger_verify(*, full: bool = False, workers: int | None = None) -> list[Any
     """Verify every chain and record the result (a ``LedgerVerification`` per chain).
 
     Incremental by default: from the newest intact verification of each chain (the records up to it were
-    linked then; a later full run re-checks them). ``full`` starts every chain from genesis. The chains, and
+    linked then; a later full run re-checks them). ``full`` starts every chain from genesis, or from its archive
+    checkpoint (``ledger/archive.py``). The chains, and
     segments of a long chain, are checked in ``workers`` processes (default ``LEDGER_VERIFY_WORKERS``).
     """
     start = timezone.now()
+    archived = checkpoints()
     starts = []
     for chain in LedgerChain.objects.order_by("pk"):
+        # A full run starts at genesis, or at the chain's archive checkpoint: the records before it are in
+        # archive files (verify_ledger --archive), and its first record kept must link to the archive's last hash.
+        after_seq, after_hash = archived.get(chain.pk, (0, GENESIS))
         last = (
             None
             if full
-            else LedgerVerification.objects.filter(chain=chain, problem="").order_by("-seq").first()
+            else LedgerVerification.objects.filter(chain=chain, problem="", seq__gte=after_seq)
+            .order_by("-seq")
+            .first()
         )
-        after_seq, after_hash = (last.seq, last.hash) if last is not None else (0, GENESIS)
+        if last is not None:
+            after_seq, after_hash = last.seq, last.hash
         starts.append((chain, after_seq, after_hash))
     reports = verify_chains(starts, workers=workers)
     finished = timezone.now()

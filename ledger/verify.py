@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from typing import Any
 
@@ -25,7 +25,7 @@ import orjson
 from django.conf import settings
 from django.db import connections
 
-from ledger.models import LedgerChain, LedgerQuarantine, LedgerQuarantineMarker
+from ledger.models import LedgerArchive, LedgerChain, LedgerQuarantine, LedgerQuarantineMarker
 from ledger.records import GENESIS, KINDS, RecordKind, link_hash, normalize
 
 
@@ -50,6 +50,9 @@ class ChainReport:
     head_seq: int
     head_hash: str
     broken: BrokenLink | None
+    from_seq: int = (
+        0  # where it started: 0 from genesis, else an earlier verified point or an archive checkpoint
+    )
 
 
 def _rows(
@@ -343,7 +346,7 @@ def verify_chains(
     reports = []
     for chain, after_seq, after_hash in starts:
         mine = [r for s, r in zip(segments, results, strict=True) if s.chain is chain]
-        reports.append(_stitch(chain, after_seq, after_hash, mine))
+        reports.append(replace(_stitch(chain, after_seq, after_hash, mine), from_seq=after_seq))
     return reports
 
 
@@ -362,6 +365,24 @@ def verify_chain(
     ]
 
 
+def checkpoints() -> dict[int, tuple[int, str]]:
+    """Each archived chain's checkpoint: the newest archive's (to_seq, last hash); its records up to there are in
+    archive files (``ledger/archive.py``), and its verification starts there instead of at genesis."""
+    found: dict[int, tuple[int, str]] = {}
+    for chain_pk, to_seq, last_hash in LedgerArchive.objects.order_by("to_seq").values_list(
+        "chain_id", "to_seq", "last_hash"
+    ):
+        found[chain_pk] = (to_seq, last_hash)
+    return found
+
+
 def verify_all(*, workers: int | None = None, segment_records: int | None = None) -> list[ChainReport]:
+    """Every chain from genesis, or from its archive checkpoint (its first record kept must link to the archive's
+    last hash)."""
     chains = LedgerChain.objects.order_by("pk")
-    return verify_chains([(c, 0, GENESIS) for c in chains], workers=workers, segment_records=segment_records)
+    starts = checkpoints()
+    return verify_chains(
+        [(c, *starts.get(c.pk, (0, GENESIS))) for c in chains],
+        workers=workers,
+        segment_records=segment_records,
+    )

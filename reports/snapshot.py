@@ -23,6 +23,7 @@ import orjson
 from carbon import co2e, display
 from carbon.models import ContractualInstrument, FactorImport
 from carbon.selectors import CarbonSummary, carbon_summary, factor_attributions, rollup_series
+from ledger.archive import checkpoint
 from ledger.models import ChainOrganization, LedgerChain, LedgerVerification
 from ledger.services import ledger_verify
 from reports.esrs import esrs_e1
@@ -243,8 +244,12 @@ def _verified_chains(organization: Organization) -> list[ChainState]:
     own = ChainOrganization.objects.filter(organization=organization).values("chain_id")
     for chain in LedgerChain.objects.filter(pk__in=own).order_by("chain_id"):
         latest = LedgerVerification.objects.filter(chain=chain).order_by("-finished_at", "-id").first()
+        # Full: from genesis, or from the chain's archive checkpoint (its records before it are in archive files).
+        full_from = {0, checkpoint(chain)[0]}
         last_full = (
-            LedgerVerification.objects.filter(chain=chain, from_seq=0).order_by("-finished_at", "-id").first()
+            LedgerVerification.objects.filter(chain=chain, from_seq__in=full_from)
+            .order_by("-finished_at", "-id")
+            .first()
         )
         chains.append(ChainState(chain=chain, latest=latest, last_full=last_full))
     return chains

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from carbon.rollups import recompute_carbon, rollups_rebuild, rollups_update
+from carbon.rollups import RebuildRefused, recompute_carbon, rollups_rebuild, rollups_update
 
 
 class Command(BaseCommand):
@@ -19,7 +19,10 @@ class Command(BaseCommand):
         if opts["carbon"]:
             self.stdout.write(f"recomputed the CO2e of {recompute_carbon()} rollup row(s)")
             return
-        run = rollups_rebuild() if opts["rebuild"] else rollups_update()
+        try:
+            run = rollups_rebuild() if opts["rebuild"] else rollups_update()
+        except RebuildRefused as exc:
+            raise CommandError(str(exc)) from None
         self.stdout.write(
             f"rollups {'rebuilt' if opts['rebuild'] else 'updated'} in {run.seconds:.2f} s: "
             f"{run.rows_created} row(s) created, {run.rows_updated} updated"
