@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 from io import StringIO
 from pathlib import Path
@@ -309,3 +312,23 @@ def test_on_postgresql_a_month_another_chain_still_holds_keeps_its_partition_and
         "other.r1",
     ]
     assert [r.broken for r in verify_all(workers=1)] == [None, None]
+
+
+def _beat_schedule(**env: str) -> dict[str, object]:
+    """The beat schedule the settings build from ``env`` (a fresh process: the settings read it once)."""
+    script = "import json; from carbonledger import settings; print(json.dumps(sorted(settings.CELERY_BEAT_SCHEDULE)))"
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=root,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return {name: True for name in orjson.loads(out.stdout.strip().splitlines()[-1])}
+
+
+def test_the_beat_archives_daily_only_when_a_retention_is_set() -> None:
+    assert "ledger-archive" not in _beat_schedule(LEDGER_RETENTION_MONTHS="0")
+    assert "ledger-archive" in _beat_schedule(LEDGER_RETENTION_MONTHS="13")
