@@ -13,6 +13,14 @@ results arrive there in one wake-up. grpc.aio runs each call as a task on that l
 one task and one future; a grpc thread-pool server would hop to the loop and back for every call
 (``run_coroutine_threadsafe``), adding two thread switches and their GIL hand-overs per request.
 
+Where a request's CPU goes (perf_analyzer -i grpc on ``linear``, 2 cores, December 2026): grpc.aio's own work
+per call (three tasks, four completion-queue events each handed from its poller thread to the loop) cost about
+175 µs of CPU for a handler that only returns canned bytes, 125 µs of it on the loop's thread; a sync
+``grpc.server`` with a thread pool measured 150-230 µs for the same, before any hand-over to the loop, so it
+would not pay. What is ours is kept small: the key cache is asked without a coroutine, a request is decoded
+without checking what it does not carry, and the answer's bytes are written by grpc_codec.py, not built from
+protobuf messages.
+
 Requests arrive as bytes and are parsed here, not by grpc's deserializer: a message that is not protobuf is
 then answered INVALID_ARGUMENT naming the problem, where grpc would answer INTERNAL. Methods this server does
 not serve (shared memory, model load and unload, trace and log settings) are answered UNIMPLEMENTED by grpc.
