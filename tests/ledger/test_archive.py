@@ -25,9 +25,10 @@ from carbon.rollups import RebuildRefused, rollups_rebuild, rollups_update
 from ledger.archive import ArchiveError, ledger_archive, parse_period, period_before, verify_archive
 from ledger.models import LedgerArchive, LedgerBatch, LedgerChain, LedgerRequest, LedgerVerification
 from ledger.partitions import ensure_partitions, partitioned, partitions
+from ledger.records import GENESIS
 from ledger.services import ledger_verify
 from ledger.tasks import ledger_archive as ledger_archive_task
-from ledger.verify import verify_all
+from ledger.verify import verify_all, verify_chains
 from ledger.writer import append_records
 from tests.factories import OrganizationFactory
 from tests.support.ledger import one_request_records
@@ -332,3 +333,19 @@ def _beat_schedule(**env: str) -> dict[str, object]:
 def test_the_beat_archives_daily_only_when_a_retention_is_set() -> None:
     assert "ledger-archive" not in _beat_schedule(LEDGER_RETENTION_MONTHS="0")
     assert "ledger-archive" in _beat_schedule(LEDGER_RETENTION_MONTHS="13")
+
+
+def test_a_verification_overtaken_by_an_archive_is_done_again_from_the_checkpoint() -> None:
+    _ledger()
+    chain = LedgerChain.objects.get()
+    _archive("2025-02")
+
+    # What a full run that started at genesis just before the archive meets: its first rows deleted under it.
+    [report] = verify_chains([(chain, 0, GENESIS)], workers=1)
+    assert (report.broken, report.from_seq, report.records) == (None, 9, 6)
+
+    # A real problem after the checkpoint is still found.
+    with connection.cursor() as cur:
+        cur.execute("UPDATE ledger_request SET work_units = 9 WHERE seq = 11")
+    [report] = verify_chains([(chain, 0, GENESIS)], workers=1)
+    assert report.broken is not None and (report.broken.seq, report.from_seq) == (11, 9)
