@@ -106,7 +106,7 @@ def ledger_verify(*, full: bool = False, workers: int | None = None) -> list[Any
     return [
         LedgerVerification.objects.create(
             chain=chain,
-            from_seq=after_seq,
+            from_seq=report.from_seq,  # its start, or the checkpoint of an archive made while it ran
             seq=chain.head_seq if report.broken is None else report.broken.seq - 1,
             hash=chain.head_hash if report.broken is None else "",
             records=report.records,
@@ -114,7 +114,7 @@ def ledger_verify(*, full: bool = False, workers: int | None = None) -> list[Any
             started_at=start,
             finished_at=finished,
         )
-        for (chain, after_seq, _), report in zip(starts, reports, strict=True)
+        for (chain, _, _), report in zip(starts, reports, strict=True)
     ]
 
 

@@ -339,7 +339,11 @@ def verify_chains(
     from genesis), in ``workers`` processes (default ``LEDGER_VERIFY_WORKERS``). A chain is split into seq
     segments (``segment_records`` long, by default a few per worker and at least ``MIN_SEGMENT_RECORDS``), so a
     one-gateway deployment's one long chain is shared out too; the reports are those one pass over each chain
-    gives, first broken link included."""
+    gives, first broken link included.
+
+    A chain archived while it was verified (its checkpoint moved past the start: the retention deleted rows
+    under the run) is verified again from its new checkpoint when the run found it broken, so an archive never
+    passes for a deleted record; the report's ``from_seq`` says where it started."""
     workers = default_workers() if workers is None else max(1, workers)
     segments = _plan(starts, workers, segment_records)
     results = _run(segments, workers)
@@ -347,6 +351,20 @@ def verify_chains(
     for chain, after_seq, after_hash in starts:
         mine = [r for s, r in zip(segments, results, strict=True) if s.chain is chain]
         reports.append(replace(_stitch(chain, after_seq, after_hash, mine), from_seq=after_seq))
+    moved = checkpoints()
+    again = [
+        n
+        for n, ((chain, after_seq, _), report) in enumerate(zip(starts, reports, strict=True))
+        if report.broken is not None and moved.get(chain.pk, (0, GENESIS))[0] > after_seq
+    ]
+    if again:
+        redone = verify_chains(
+            [(starts[n][0], *moved[starts[n][0].pk]) for n in again],
+            workers=workers,
+            segment_records=segment_records,
+        )
+        for n, report in zip(again, redone, strict=True):
+            reports[n] = report
     return reports
 
 
