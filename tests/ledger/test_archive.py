@@ -30,6 +30,7 @@ from ledger.services import ledger_verify
 from ledger.tasks import ledger_archive as ledger_archive_task
 from ledger.verify import verify_all, verify_chains
 from ledger.writer import append_records
+from tenancy.leases import claim_lease
 from tests.factories import OrganizationFactory
 from tests.support.ledger import one_request_records
 
@@ -349,3 +350,13 @@ def test_a_verification_overtaken_by_an_archive_is_done_again_from_the_checkpoin
         cur.execute("UPDATE ledger_request SET work_units = 9 WHERE seq = 11")
     [report] = verify_chains([(chain, 0, GENESIS)], workers=1)
     assert report.broken is not None and (report.broken.seq, report.from_seq) == (11, 9)
+
+
+def test_one_archive_run_at_a_time() -> None:
+    _ledger()
+    claim_lease("ledger:archive", owner="elsewhere:1:abc", ttl_s=60)
+
+    with pytest.raises(CommandError, match=r"another archive run is under way .*elsewhere:1:abc"):
+        _archive("2025-02")
+
+    assert not LedgerArchive.objects.exists() and LedgerRequest.objects.count() == 5
