@@ -38,8 +38,13 @@ from ledger.models import LedgerArchive, LedgerChain, LedgerVerification, period
 from ledger.partitions import drop_partition, partitioned, partitions
 from ledger.records import GENESIS, KINDS, RecordKind, link_hash
 from ledger.services import ledger_verify
+from tenancy.leases import LeaseHeld, claim_lease, process_owner, release_lease
 
 ARCHIVE_FORMAT = 1
+# One archive run at a time (the daily task and a hand-run command would write the same archive): a lease, long
+# enough for a large archive, so that a run killed holding it blocks the next for an hour at most.
+ARCHIVE_LEASE = "ledger:archive"
+ARCHIVE_LEASE_TTL_S = 3600.0
 DELETE_BATCH_SEQ = 50_000  # seq span of one DELETE (short transactions while the drainer writes)
 
 # Other apps' bounds on what may be archived of a chain: the highest seq they are done with. Named in the
@@ -372,6 +377,17 @@ def ledger_archive(before_period: int, *, dry_run: bool = False) -> ArchiveRun:
     database are finished too. A dry run writes nothing and says what would be archived."""
     if dry_run:
         return ArchiveRun([_dry(plan) for plan in archive_plan(before_period)], [])
+    try:
+        grant = claim_lease(ARCHIVE_LEASE, owner=process_owner(), ttl_s=ARCHIVE_LEASE_TTL_S)
+    except LeaseHeld as held:
+        raise ArchiveError(f"another archive run is under way ({held})") from None
+    try:
+        return _archive(before_period)
+    finally:
+        release_lease(grant)
+
+
+def _archive(before_period: int) -> ArchiveRun:
     ledger_verify()
     left = set(LedgerArchive.objects.filter(rows_deleted_at=None).values_list("pk", flat=True))
     notes: dict[int, str] = {}
