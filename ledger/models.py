@@ -50,11 +50,16 @@ def period_of_ns(ns: int) -> int:
     if start <= ns < end:  # tens of thousands of records a second, nearly all in one month
         return period
     day = datetime.fromtimestamp(ns // 1_000_000_000, UTC)
-    first = datetime(day.year, day.month, 1, tzinfo=UTC)
-    following = datetime(day.year + day.month // 12, day.month % 12 + 1, 1, tzinfo=UTC)
-    period = day.year * 100 + day.month
-    _month = (int(first.timestamp()) * 1_000_000_000, int(following.timestamp()) * 1_000_000_000, period)
-    return period
+    _month = month_bounds(day.year * 100 + day.month)
+    return _month[2]
+
+
+def month_bounds(period: int) -> tuple[int, int, int]:
+    """[start, end) in ns of the month ``period`` (yyyymm), and the period itself."""
+    year, month = divmod(period, 100)
+    first = datetime(year, month, 1, tzinfo=UTC)
+    following = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+    return int(first.timestamp()) * 1_000_000_000, int(following.timestamp()) * 1_000_000_000, period
 
 
 def own_period(value: Any) -> int | None:
