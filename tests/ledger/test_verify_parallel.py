@@ -8,6 +8,7 @@ is committed. Runs on SQLite and, in the suite's second run, PostgreSQL.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
@@ -20,6 +21,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from inference.spool import Spool
+from ledger import verify as verify_module
 from ledger.models import (
     LedgerAdjustment,
     LedgerBatchEnergy,
@@ -301,3 +303,39 @@ def test_a_chain_verified_from_a_point_checks_the_link_to_it(tmp_path: Path) -> 
     assert verify_chain(chain, at.seq, at.hash, workers=4, segment_records=2).broken is None
     broken = verify_chain(chain, at.seq, GENESIS, workers=4, segment_records=2).broken
     assert broken is not None and broken.seq == at.seq + 1 and "prev_hash" in broken.problem
+
+
+def test_a_process_with_other_threads_never_forks_its_workers() -> None:
+    # Forking a process that runs other threads (the Celery worker's thread pool) can leave a child waiting
+    # forever on a lock a thread held at the fork: verification there deadlocked the worker.
+    assert verify_module.worker_start_method() == "fork"  # the test process: this thread alone
+    release = threading.Event()
+    other = threading.Thread(target=release.wait, daemon=True)
+    other.start()
+    try:
+        method = verify_module.worker_start_method()
+    finally:
+        release.set()
+        other.join()
+    if connection.vendor == "sqlite" and connection.is_in_memory_db():
+        assert (
+            method is None
+        )  # a fresh interpreter cannot see a database in this process's memory: no workers
+    else:
+        assert method == "spawn"
+
+
+def test_workers_spawned_from_a_threaded_process_give_the_one_pass_reports(tmp_path: Path) -> None:
+    _ledger(tmp_path, batches=3, chains=2)
+    LedgerRequest.objects.filter(pk=LedgerRequest.objects.order_by("pk")[4].pk).update(work_units=7)
+    expected = _one_pass()
+    release = threading.Event()
+    other = threading.Thread(target=release.wait, daemon=True)
+    other.start()
+    try:
+        got = verify_all(workers=2, segment_records=5)
+    finally:
+        release.set()
+        other.join()
+    assert got == expected
+    assert expected[0].broken is not None or expected[1].broken is not None
