@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
@@ -25,6 +26,7 @@ import orjson
 from django.conf import settings
 from django.db import connections
 
+from ledger import verify_worker
 from ledger.models import LedgerArchive, LedgerChain, LedgerQuarantine, LedgerQuarantineMarker
 from ledger.records import GENESIS, KINDS, RecordKind, link_hash, normalize
 
@@ -313,15 +315,36 @@ def _in_transaction() -> bool:
     return any(conn.in_atomic_block for conn in connections.all(initialized_only=True))
 
 
+def worker_start_method() -> str | None:
+    """How to start the worker processes here: ``fork`` in a process with this one thread; ``spawn`` (a fresh
+    interpreter, Django set up on this process's databases) in one that runs other threads, since a child forked
+    from it can wait forever on a lock another thread held at the fork (it deadlocked the Celery worker, whose
+    pool is threads); None (no workers) when a database lives in this process's memory (SQLite in memory, the
+    tests'), which only a forked child would see. A connection pool (``CARBONLEDGER_DB_POOL_MAX_SIZE``) also means
+    spawn: a forked child would take the parent's pooled sockets and the two would talk over each other."""
+    pooled = any("pool" in connections[alias].settings_dict.get("OPTIONS", {}) for alias in connections)
+    if threading.active_count() == 1 and not pooled:
+        return "fork"
+    for conn in connections.all(initialized_only=True):
+        name = str(conn.settings_dict["NAME"])
+        if conn.vendor == "sqlite" and (name == ":memory:" or "mode=memory" in name):  # as Django tells it
+            return None
+    return "spawn"
+
+
 def _run(segments: list[_Segment], workers: int) -> list[_SegmentResult]:
     # Inside a transaction the connections cannot be closed for the fork, and the workers' own connections would
     # not see its rows: the segments are then checked here, one after the other.
-    if workers <= 1 or len(segments) <= 1 or _in_transaction():
+    method = worker_start_method()
+    if workers <= 1 or len(segments) <= 1 or _in_transaction() or method is None:
         return [_check_segment(segment) for segment in segments]
-    # Hashing is CPU-bound Python: processes, forked after closing this process's connections (a forked child
+    # Hashing is CPU-bound Python: processes, started after closing this process's connections (a forked child
     # must not share a socket with its parent); each worker opens its own.
+    databases = {alias: dict(connections[alias].settings_dict) for alias in connections}
     connections.close_all()
-    with get_context("fork").Pool(min(workers, len(segments))) as pool:
+    initializer = None if method == "fork" else verify_worker.start
+    initargs = () if method == "fork" else (settings.SETTINGS_MODULE, databases)
+    with get_context(method).Pool(min(workers, len(segments)), initializer, initargs) as pool:
         return pool.map(_check_segment_in_worker, segments, chunksize=1)
 
 

@@ -339,3 +339,11 @@ def test_workers_spawned_from_a_threaded_process_give_the_one_pass_reports(tmp_p
         other.join()
     assert got == expected
     assert expected[0].broken is not None or expected[1].broken is not None
+
+
+def test_a_pooled_database_never_forks_its_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A forked child would take over the pool's open sockets while the parent still uses them (the fleet test saw
+    # PostgreSQL answer EMPTY_QUERY to a worker's cursor).
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", {"pool": {"min_size": 1, "max_size": 2}})
+    in_memory = connection.vendor == "sqlite" and connection.is_in_memory_db()
+    assert verify_module.worker_start_method() == (None if in_memory else "spawn")
