@@ -11,24 +11,48 @@ from django.db.models import Avg, Count, Max, Sum
 from carbon.models import HourlyRollup
 from ledger.models import LedgerRequest, period_of_ns
 
+# The last hour is read from raw ledger rows (latency and batch sizes are not in the rollups); at thousands of
+# requests a second an hour holds millions of them, so the page reads at most the newest this many (an index
+# range of the (organization, received_ns) index) and gives the rates over the span they cover.
+RECENT_REQUESTS_MAX = 20_000
+HOUR_NS = 3600 * 10**9
+
 
 def last_traffic_ns(organization_id: int) -> int | None:
     return LedgerRequest.objects.filter(organization_id=organization_id).aggregate(t=Max("received_ns"))["t"]
 
 
 def model_stats(organization_id: int) -> dict[str, Any]:
-    """Per model, version and the variant that served it (fp32, int8...) over the last hour of traffic:
+    """Per model, version and the variant that served it (fp32, int8...) over the last hour of traffic, or its
+    newest ``RECENT_REQUESTS_MAX`` requests when it held more (``sampled``; ``window_s`` the span read):
     throughput, queue and compute latency, batch sizes; J per inference per model over the last 30 days of
     rollups."""
     latest = last_traffic_ns(organization_id)
     if latest is None:
-        return {"window_end": None, "models": [], "batch_sizes": {}, "energy": []}
-    since = latest - 3600 * 10**9
+        return {
+            "window_end": None,
+            "window_s": 0,
+            "sampled": False,
+            "models": [],
+            "batch_sizes": {},
+            "energy": [],
+        }
+    since = latest - HOUR_NS
     # period >= since's month changes nothing (no record is placed before its own month) and spares PostgreSQL
     # the older months' partitions.
-    recent = LedgerRequest.objects.filter(
+    hour = LedgerRequest.objects.filter(
         organization_id=organization_id, received_ns__gt=since, period__gte=period_of_ns(since)
     )
+    oldest_read = (
+        hour.order_by("-received_ns")
+        .values_list("received_ns", flat=True)[RECENT_REQUESTS_MAX - 1 : RECENT_REQUESTS_MAX]
+        .first()
+    )
+    sampled = oldest_read is not None
+    if sampled:
+        since = oldest_read - 1  # the newest RECENT_REQUESTS_MAX (and any received at that same instant)
+    window_s = (latest - since) / 1e9
+    recent = hour.filter(received_ns__gt=since)
     models = list(
         recent.values("model", "version", "variant")
         .annotate(
@@ -40,7 +64,7 @@ def model_stats(organization_id: int) -> dict[str, Any]:
         .order_by("model", "version", "variant")
     )
     for m in models:
-        m["per_second"] = m["requests"] / 3600
+        m["per_second"] = m["requests"] / window_s
     sizes: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     per_batch = recent.values("model", "batch_id").annotate(n=Count("id"))
     for row in per_batch:
@@ -59,6 +83,8 @@ def model_stats(organization_id: int) -> dict[str, Any]:
         e["g_per_1000"] = float(e["co2e"] or 0) * 1000 / e["requests"] if e["requests"] else None
     return {
         "window_end": end,
+        "window_s": window_s,
+        "sampled": sampled,
         "models": models,
         "batch_sizes": {m: dict(sorted(s.items())) for m, s in sorted(sizes.items())},
         "energy": energy,

@@ -14,6 +14,7 @@ from demo.synthetic_ledger import generate_ledger
 from ledger.models import LedgerRequest
 from tenancy.models import Organization
 from tests.factories import OrganizationFactory
+from tests.support.accounts import signed_in
 
 pytestmark = pytest.mark.django_db
 
@@ -59,3 +60,12 @@ def test_a_busy_hour_is_read_as_its_newest_requests_only(
     assert stats["window_s"] == pytest.approx((hour[0] - oldest_read) / NS + 1e-9, rel=1e-6)
     assert sum(m["per_second"] for m in stats["models"]) == pytest.approx(read / stats["window_s"])
     assert sum(sum(n * c for n, c in sizes.items()) for sizes in stats["batch_sizes"].values()) == read
+
+
+def test_the_models_page_says_when_it_read_a_busy_hour_in_part(
+    org: Organization, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = signed_in(org, "viewer")
+    assert "read in part" not in client.get("/dashboard/models").content.decode()
+    monkeypatch.setattr(model_stats_module, "RECENT_REQUESTS_MAX", 500)
+    assert "a busy hour is read in part" in client.get("/dashboard/models").content.decode()
