@@ -29,6 +29,7 @@ not serve (shared memory, model load and unload, trace and log settings) are ans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -75,6 +76,9 @@ MAX_DETAILS_CHARS = 2000
 # Stream requests one ModelStreamInfer call may have waiting for their answers; reading the stream pauses at
 # this many, so that a client that never reads its answers cannot make the server hold an unbounded backlog.
 STREAM_WINDOW = 256
+# How long a stream refused for its key waits for the client's first message before it ends (see
+# _model_stream_infer).
+REFUSED_STREAM_READ_S = 5.0
 STOP_GRACE_S = 5.0
 _MISSING_KEY = "missing API key: send the metadata 'authorization: Bearer <key>'"
 
@@ -329,6 +333,11 @@ class GrpcFrontEnd:
         try:
             principal = await self._authorize(context)
         except InferenceError as exc:
+            # The client's first message is taken (or the stream's end, or a few seconds) before the stream ends:
+            # ended while that message was still being sent, the client would see an INTERNAL error of its own
+            # send instead of this status.
+            with contextlib.suppress(StopAsyncIteration, TimeoutError, grpc.RpcError):
+                await asyncio.wait_for(anext(aiter(requests)), REFUSED_STREAM_READ_S)
             await context.abort(grpc_status(exc), _details(exc.message), _trailers(exc))
             return
         stream = _Stream()
