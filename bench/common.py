@@ -26,7 +26,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -209,6 +209,22 @@ def install_cleanup() -> None:
 
 
 # -- HTTP -------------------------------------------------------------------------------------------------
+
+
+def run_main(name: str, run: Callable[[Any], int], args: Any, stopped: str = "servers stopped") -> int:
+    """A benchmark script's ``main``: ``run(args)`` with its servers stopped however it ends (also on SIGTERM);
+    exit 2 when set-up failed, 130 when interrupted."""
+    install_cleanup()
+    try:
+        return run(args)
+    except SetupError as exc:
+        print(f"{name}: set-up failed: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; {stopped}", file=sys.stderr)
+        return 130
+    finally:
+        cleanup()
 
 
 def http(

@@ -74,16 +74,15 @@ from common import (
     Server,
     SetupError,
     children_cpu_seconds,
-    cleanup,
     create_bench_key,
     free_port_block,
     gateway_env,
     group_cpu_seconds,
     http,
-    install_cleanup,
     log,
     machine_busy_ticks,
     machine_info,
+    run_main,
     serve_argv,
     tail,
     utc_stamp,
@@ -1000,18 +999,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    install_cleanup()
-    try:
-        return run(args)
-    except SetupError as exc:
-        print(f"compare_triton: set-up failed: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("compare_triton: interrupted; servers stopped", file=sys.stderr)
-        return 130
-    finally:
-        cleanup()
+    return run_main("compare_triton", run, parse_args(argv))
 
 
 if __name__ == "__main__":

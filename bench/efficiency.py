@@ -89,15 +89,14 @@ from common import (
     RESULTS_DIR,
     Server,
     SetupError,
-    cleanup,
     create_bench_key,
     free_port_block,
     gateway_env,
-    install_cleanup,
     log,
     machine_busy_ticks,
     machine_info,
     proc_stat,
+    run_main,
     serve_argv,
     tail,
     utc_stamp,
@@ -1474,18 +1473,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    install_cleanup()
-    try:
-        return run(args)
-    except SetupError as exc:
-        print(f"efficiency: set-up failed: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("efficiency: interrupted; gateways stopped", file=sys.stderr)
-        return 130
-    finally:
-        cleanup()
+    return run_main("efficiency", run, parse_args(argv), "gateways stopped")
 
 
 if __name__ == "__main__":

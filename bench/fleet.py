@@ -69,17 +69,16 @@ from common import (
     Server,
     SetupError,
     children_cpu_seconds,
-    cleanup,
     create_bench_key,
     drop_database,
     free_port_block,
     gateway_env,
     http,
-    install_cleanup,
     log,
     machine_busy_ticks,
     machine_info,
     manage,
+    run_main,
     serve_argv,
     tail,
     use_database,
@@ -939,18 +938,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    install_cleanup()
-    try:
-        return run(args)
-    except SetupError as exc:
-        print(f"fleet: set-up failed: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("fleet: interrupted; servers stopped", file=sys.stderr)
-        return 130
-    finally:
-        cleanup()
+    return run_main("fleet", run, parse_args(argv))
 
 
 if __name__ == "__main__":

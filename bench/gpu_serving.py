@@ -58,14 +58,13 @@ from common import (
     RESULTS_DIR,
     Server,
     SetupError,
-    cleanup,
     create_bench_key,
     free_port_block,
     gateway_env,
     http,
-    install_cleanup,
     log,
     machine_info,
+    run_main,
     serve_argv,
     tail,
     utc_stamp,
@@ -578,18 +577,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    install_cleanup()
-    try:
-        return run(args)
-    except SetupError as exc:
-        print(f"gpu_serving: set-up failed: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("gpu_serving: interrupted; gateway stopped", file=sys.stderr)
-        return 130
-    finally:
-        cleanup()
+    return run_main("gpu_serving", run, parse_args(argv), "gateway stopped")
 
 
 if __name__ == "__main__":
