@@ -24,6 +24,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -88,6 +89,20 @@ def produce(spool_dir: Path, org_id: int, backlog_mb: float, prefix: str = "benc
         spool.append(b"".join(chunk))
 
 
+def open_spool_reader(spool_dir: Path, timeout_s: float = 30.0) -> Any:
+    """A ``SpoolReader`` on the producer process's spool, once the producer has created it."""
+    from inference.spool import SpoolReader
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return SpoolReader(spool_dir)
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--produce":
         ap = argparse.ArgumentParser()
@@ -112,7 +127,6 @@ def main() -> int:
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        from inference.spool import SpoolReader
         from ledger.models import LedgerRequest
         from ledger.verify import verify_all
         from ledger.writer import DRAINER_SWITCH_INTERVAL_S, LedgerWriter
@@ -128,16 +142,7 @@ def main() -> int:
              "--backlog-mb", str(args.backlog_mb)],
             cwd=ROOT,
         )  # fmt: skip
-        reader = None
-        deadline = time.monotonic() + 30
-        while reader is None:
-            try:
-                reader = SpoolReader(spool_dir)
-            except FileNotFoundError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        writer = LedgerWriter(reader)
+        writer = LedgerWriter(open_spool_reader(spool_dir))
         sys.setswitchinterval(DRAINER_SWITCH_INTERVAL_S)  # as the drain_ledger process sets it
         writer.recover()
         time.sleep(1.0)  # a backlog to start from

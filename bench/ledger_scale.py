@@ -56,6 +56,7 @@ from common import (  # noqa: E402
     utc_stamp,
     write_json,
 )
+from ledger_ingest import open_spool_reader  # noqa: E402
 
 LAST_MONTH = (
     2026,
@@ -92,7 +93,6 @@ def ingest(workdir: Path, org_id: int, seconds: float) -> dict[str, Any]:
     shared machine the rate moves with the neighbours' load; the CPU a record much less."""
     from django.db import connection
 
-    from inference.spool import SpoolReader
     from ledger.models import LedgerRequest
     from ledger.writer import DRAINER_SWITCH_INTERVAL_S, LedgerWriter
 
@@ -104,15 +104,7 @@ def ingest(workdir: Path, org_id: int, seconds: float) -> dict[str, Any]:
         cwd=ROOT,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        reader = None
-        while reader is None:
-            try:
-                reader = SpoolReader(spool_dir)
-            except FileNotFoundError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        reader = open_spool_reader(spool_dir)
         writer = LedgerWriter(reader)
         switch = sys.getswitchinterval()
         sys.setswitchinterval(DRAINER_SWITCH_INTERVAL_S)  # as the drain_ledger process sets it
