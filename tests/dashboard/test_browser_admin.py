@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.test import Client
@@ -16,6 +15,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from tests.dashboard.test_browser import CHROMIUM, PASSWORD, SCREENSHOTS
 from tests.dashboard.test_browser_site import OVERFLOWING, WIDTHS
+from tests.support.axe import serious_violations
 from tests.support.gateway_process import GatewayProcess, gateway_env, manage, prepare_gateway
 
 STAFF = "root"
@@ -187,15 +187,7 @@ def test_axe_core_finds_no_serious_or_critical_violation_on_the_admin_api_and_do
     problems = {}
     for width in WIDTHS:
         for name, page in _every_page(browser, tools, width):
-            page.add_script_tag(url="/static/vendor/axe-core/axe.min.js")
-            result: dict[str, Any] = page.evaluate(
-                "async () => await axe.run(document, {resultTypes: ['violations']})"
-            )
-            serious = [
-                f"{v['id']} ({v['impact']}): {[n['target'] for n in v['nodes'][:3]]}"
-                for v in result["violations"]
-                if v["impact"] in ("serious", "critical")
-            ]
+            serious = serious_violations(page)
             if serious:
                 problems[f"{name} at {width} px"] = serious
     assert not problems, "\n".join(f"{k}: {v}" for k, v in problems.items())

@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from carbon import display
 from tests.dashboard.test_browser import CHROMIUM, PASSWORD, SCREENSHOTS, product  # noqa: F401 -- fixture
+from tests.support.axe import serious_violations
 from tests.support.gateway_process import REPO_ROOT
 
 WIDTHS = (390, 1440)
@@ -123,15 +123,7 @@ def test_axe_core_finds_no_serious_or_critical_violation_on_any_page(
     assert AXE.exists(), "axe-core is vendored from npm into dashboard/static/vendor/axe-core/"
     problems = {}
     for name, page in _every_page(browser, product, 1440):
-        page.add_script_tag(url="/static/vendor/axe-core/axe.min.js")
-        result: dict[str, Any] = page.evaluate(
-            "async () => await axe.run(document, {resultTypes: ['violations']})"
-        )
-        serious = [
-            f"{v['id']} ({v['impact']}): {v['nodes'][0]['target']}"
-            for v in result["violations"]
-            if v["impact"] in ("serious", "critical")
-        ]
+        serious = serious_violations(page)
         if serious:
             problems[name] = serious
     assert problems == {}
