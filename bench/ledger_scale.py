@@ -169,6 +169,8 @@ def load(months: int, per_month: int) -> None:
     from carbon.rollups import rollups_update
     from carbon.services import load_shipped_factors
     from demo.synthetic_ledger import generate_ledger
+    from ledger.models import period_of_ns
+    from ledger.partitions import PARTITIONED_TABLES, create_partition
     from ledger.services import ledger_verify
     from tenancy.services import organization_create
 
@@ -178,6 +180,10 @@ def load(months: int, per_month: int) -> None:
     t = time.perf_counter()
     for back in reversed(range(months)):
         start, end = month_bounds(back)
+        # Each month in a partition of its own, as a ledger that was partitioned while it grew holds it
+        # (migrations create only this month's and the next ones'; a past month would land in the default).
+        for table in PARTITIONED_TABLES:
+            create_partition(table, period_of_ns(int(start.timestamp()) * 10**9))
         generated = generate_ledger(
             organization=org, requests=per_month, days=(end - start).days, end=end, seed=100 + back
         )
