@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 
 HOUR_NS = 3_600_000_000_000
 _HOUR = timedelta(hours=1)
-# Seq span per aggregation query. Large: PostgreSQL hashes the request table once per query for the energy
-# join, so small chunks of a big backlog would repeat that work; live updates read small spans anyway.
+# Seq span per aggregation query. Large: PostgreSQL hashes the requests of the chunk's months once per query
+# for the energy join, so small chunks of a big backlog would repeat that work; live updates read small spans.
 _CHUNK_SEQ = 20_000_000
 _STORE = Decimal("0.000000001")  # the rollup columns' precision (9 decimals of a gram)
 _LOCK_TABLE = "lock"
@@ -149,28 +149,30 @@ _SQL = {
         "SELECT organization_id, device_id, model, started_ns / %s, synthetic, COUNT(*), SUM(work_units) "
         "FROM ledger_request WHERE chain_id = %s AND seq > %s AND seq <= %s GROUP BY 1, 2, 3, 4, 5"
     ),
+    # The energy joins read the requests of some periods only ({periods}, see _read_energy) and count the
+    # shares they matched.
     "ledger_request_energy": (
-        "SELECT r.organization_id, r.device_id, r.model, r.started_ns / %s, r.synthetic, SUM(e.energy_uj) "
-        "FROM ledger_request_energy e JOIN ledger_request r ON r.request_id = e.request_id "
-        "WHERE e.chain_id = %s AND e.seq > %s AND e.seq <= %s GROUP BY 1, 2, 3, 4, 5"
+        "SELECT r.organization_id, r.device_id, r.model, r.started_ns / %s, r.synthetic, SUM(e.energy_uj), "
+        "COUNT(*) FROM ledger_request_energy e JOIN ledger_request r ON r.request_id = e.request_id "
+        "WHERE e.chain_id = %s AND e.seq > %s AND e.seq <= %s AND {periods} GROUP BY 1, 2, 3, 4, 5"
     ),
     # A batch's row per interval, unnested into its requests' shares (two JSON arrays in step).
     "ledger_batch_energy_postgresql": (
-        "SELECT r.organization_id, r.device_id, r.model, r.started_ns / %s, r.synthetic, SUM(s.uj::bigint) "
-        "FROM ledger_batch_energy e CROSS JOIN LATERAL ROWS FROM ("
+        "SELECT r.organization_id, r.device_id, r.model, r.started_ns / %s, r.synthetic, SUM(s.uj::bigint), "
+        "COUNT(*) FROM ledger_batch_energy e CROSS JOIN LATERAL ROWS FROM ("
         "jsonb_array_elements_text(e.request_ids::jsonb), jsonb_array_elements_text(e.shares_uj::jsonb)"
         ") AS s(request_id, uj) "
         'JOIN ledger_request r ON r.request_id = s.request_id COLLATE "C" '
-        "WHERE e.chain_id = %s AND e.seq > %s AND e.seq <= %s GROUP BY 1, 2, 3, 4, 5"
+        "WHERE e.chain_id = %s AND e.seq > %s AND e.seq <= %s AND {periods} GROUP BY 1, 2, 3, 4, 5"
     ),
     "ledger_batch_energy_sqlite": (
         # Each id's share read by its index: two json_each joined on the index would pair every id with
         # every share first (n² rows for a batch of n).
         "SELECT r.organization_id, r.device_id, r.model, r.started_ns / %s, r.synthetic, "
-        "SUM(json_extract(e.shares_uj, '$[' || q.key || ']')) "
+        "SUM(json_extract(e.shares_uj, '$[' || q.key || ']')), COUNT(*) "
         "FROM ledger_batch_energy e, json_each(e.request_ids) q "
         "JOIN ledger_request r ON r.request_id = q.value "
-        "WHERE e.chain_id = %s AND e.seq > %s AND e.seq <= %s GROUP BY 1, 2, 3, 4, 5"
+        "WHERE e.chain_id = %s AND e.seq > %s AND e.seq <= %s AND {periods} GROUP BY 1, 2, 3, 4, 5"
     ),
     "ledger_idle": (
         "SELECT device_id, t0_ns / %s, SUM(energy_uj) FROM ledger_idle "
@@ -193,6 +195,16 @@ _SQL = {
         "WHERE a.target_kind = 'interval' AND a.chain_id = %s AND a.seq > %s AND a.seq <= %s GROUP BY 1, 2"
     ),
 }
+# A chunk's energy records: their earliest and latest periods, and how many request shares they hold.
+_SPAN_SQL = {
+    "ledger_request_energy": "SELECT MIN(period), MAX(period), COUNT(*) FROM ledger_request_energy",
+    "ledger_batch_energy_postgresql": (
+        "SELECT MIN(period), MAX(period), SUM(jsonb_array_length(request_ids::jsonb)) FROM ledger_batch_energy"
+    ),
+    "ledger_batch_energy_sqlite": (
+        "SELECT MIN(period), MAX(period), SUM(json_array_length(request_ids)) FROM ledger_batch_energy"
+    ),
+}
 _TABLES = (
     "ledger_request",
     "ledger_request_energy",
@@ -200,6 +212,40 @@ _TABLES = (
     "ledger_idle",
     "ledger_adjustment",
 )
+
+
+def _previous_period(period: int) -> int:
+    year, month = divmod(period, 100)
+    return period - 1 if month > 1 else (year - 1) * 100 + 12
+
+
+def _read_energy(deltas: _Deltas, name: str, chain_pk: int, after: int, upto: int) -> None:
+    """Add the energy of a chunk's energy records to their requests' rollups.
+
+    The join first reads the requests of the periods from the month before the chunk's earliest to its
+    latest: a request is chained before its energy (period never decreases along a chain) and its interval
+    closes within seconds, so that is where they lie, and PostgreSQL then hashes a month or two of requests
+    instead of the whole request table (whose size would make each chunk's cost grow with the ledger's age).
+    Exact whatever the data: a request is in the ledger once, so if the shares matched fall short of the
+    shares the chunk holds, the requests of every other period are joined too.
+    """
+    span = _fetch(
+        f"{_SPAN_SQL[name]} WHERE chain_id = %s AND seq > %s AND seq <= %s", (chain_pk, after, upto)
+    )
+    first_period, last_period, shares = span[0]
+    if not shares:
+        return
+    bounds = (_previous_period(int(first_period)), int(last_period))
+    matched = 0
+    for periods in ("r.period BETWEEN %s AND %s", "NOT (r.period BETWEEN %s AND %s)"):
+        sql = _SQL[name].format(periods=periods)
+        for org, device, model, hour, synthetic, energy, count in _fetch(
+            sql, (HOUR_NS, chain_pk, after, upto, *bounds)
+        ):
+            deltas.sums[deltas.request_key(org, device, model, hour, synthetic)][2] += int(energy or 0)
+            matched += count
+        if matched >= int(shares):
+            return
 
 
 def _read(deltas: _Deltas, table: str, chain_pk: int, after: int, upto: int) -> None:
@@ -214,9 +260,8 @@ def _read(deltas: _Deltas, table: str, chain_pk: int, after: int, upto: int) -> 
             sums[0] += count
             sums[1] += int(units or 0)
     elif table in ("ledger_request_energy", "ledger_batch_energy"):
-        name = table if table == "ledger_request_energy" else f"{table}_{connection.vendor}"
-        for org, device, model, hour, synthetic, energy in rows(name):
-            deltas.sums[deltas.request_key(org, device, model, hour, synthetic)][2] += int(energy or 0)
+        _read_energy(deltas, table if table == "ledger_request_energy" else f"{table}_{connection.vendor}",
+                     chain_pk, after, upto)  # fmt: skip
     elif table == "ledger_idle":
         for device, hour, energy in rows(table):
             deltas.sums[deltas.idle_key(device, hour)][2] += int(energy or 0)

@@ -338,3 +338,38 @@ def test_sci_per_request_adds_embodied_emissions_and_ignores_instruments(factors
     # M = 876 kg x 1 h / 8760 h = 100 g; E x I = 1 kWh x 41.44 = 41.44 g; SCI = 141.44 / 4
     assert summary.embodied_g == Decimal(100)
     assert summary.sci_g_per_request == Decimal("35.36")
+
+
+def test_energy_for_requests_months_before_it_is_rolled_up_to_them(factors: None) -> None:
+    # The energy join reads the requests of the energy's own months first; a request chained in an earlier
+    # month (here by another chain) is still found, so every share is rolled up once.
+    early, late = OrganizationFactory(), OrganizationFactory()
+    device = _device(_site(None))
+    june = datetime(2025, 6, 15, tzinfo=UTC)
+    append_records(
+        "early", one_request_records("e", 1, early.pk, device.device_id, int(JAN_2025.timestamp() * 1e9), 0)
+    )
+    late_records = one_request_records("l", 2, late.pk, device.device_id, int(june.timestamp() * 1e9), 7_000)
+    append_records(
+        "late",
+        [*late_records, batch_energy_record("e.b1", "e.i9", ["e.r1"], [5_000])],
+    )
+    assert set(LedgerRequest.objects.values_list("request_id", "period")) == {
+        ("e.r1", 202501),
+        ("l.r2", 202506),
+    }
+    assert set(LedgerBatchEnergy.objects.filter(batch_id="e.b1").values_list("period", flat=True)) == {
+        202501,
+        202506,
+    }
+    rollups_update()
+    energy = {
+        org: HourlyRollup.objects.filter(organization=org, kind="request").aggregate(s=Sum("energy_uj"))["s"]
+        for org in (early, late)
+    }
+    assert energy == {early: 5_000, late: 7_000}
+    rollups_rebuild()
+    assert {
+        org: HourlyRollup.objects.filter(organization=org, kind="request").aggregate(s=Sum("energy_uj"))["s"]
+        for org in (early, late)
+    } == energy
