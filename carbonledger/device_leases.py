@@ -227,20 +227,26 @@ def claim_meters(
     database_wait_s: float = 60.0,
 ) -> list[tuple[Meter, str]]:
     """``meters`` claimed by the policy of ``inference.meters.claims``, each fenced by its lease. A database
-    that does not answer at start-up is waited for, a while: a device nobody is known to hold is not metered."""
+    that does not answer at start-up is waited for, a while: a device nobody is known to hold is not metered.
+
+    Each claim is retried on its own (claiming again what this process holds only extends it): the policy
+    closes every meter when a claim fails, so retrying the whole policy would start closed meters."""
     deadline = time.monotonic() + database_wait_s
-    backoff = 0.5
-    while True:
-        try:
-            claimed = claim_devices(meters, leases.claim, leases.release, fallback=fallback)
-            break
-        except DatabaseError as exc:
-            if time.monotonic() + backoff > deadline:
-                raise
-            log.warning("cannot claim the metered devices yet (%s); retrying in %.1f s", exc, backoff)
-            connection.close()
-            time.sleep(backoff)
-            backoff = min(5.0, backoff * 2)
+
+    def claim(device_id: str) -> str | None:
+        backoff = 0.5
+        while True:
+            try:
+                return leases.claim(device_id)
+            except DatabaseError as exc:
+                if time.monotonic() + backoff > deadline:
+                    raise
+                log.warning("cannot claim the metered devices yet (%s); retrying in %.1f s", exc, backoff)
+                connection.close()
+                time.sleep(backoff)
+                backoff = min(5.0, backoff * 2)
+
+    claimed = claim_devices(meters, claim, leases.release, fallback=fallback)
     for _meter, why in claimed:
         if why.startswith(FALLBACK):
             log.warning("%s", why)

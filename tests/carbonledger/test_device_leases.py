@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from django.db import OperationalError
 
 from carbonledger.device_leases import DeviceLeases, LeasedRecorder, claim_meters
 from inference.meters import CpuModelMeter, DeviceHeld, FencedMeter, Meter, NvmlMeter, RaplMeter
@@ -111,6 +112,34 @@ def test_the_second_gateway_on_a_host_whose_rapl_package_is_taken_meters_its_own
     assert all(isinstance(m, FencedMeter) for m, _ in [*mine, *theirs])
     assert first.held() == [RAPL] and second.held() == ["cpu-model:node-1:b"]
     first.stop()
+
+
+class LockedOnce(DeviceLeases):
+    """Leases whose first claim meets a locked database (SQLite's "database table is locked")."""
+
+    def __init__(self, owner: str) -> None:
+        super().__init__(3.0, owner=owner)
+        self.failures = 0
+
+    def claim(self, device_id: str) -> str | None:
+        if self.failures == 0:
+            self.failures += 1
+            raise OperationalError("database table is locked")
+        return super().claim(device_id)
+
+
+def test_a_claim_the_database_refused_at_start_up_is_retried_and_its_meters_still_start() -> None:
+    leases = LockedOnce("node-1:100:aaaa")
+    gpu = FakeNvml([FakeGpu(UUID)])
+    claimed = claim_meters(
+        leases, [(NvmlMeter(0, nvml_module=gpu), "nvml"), (_own_cpu("a"), "cpu")], lambda: _own_cpu("b")
+    )
+    assert leases.failures == 1
+    assert [m.device_id for m, _ in claimed] == [UUID, "cpu-model:node-1:a"]
+    for meter, _ in claimed:
+        meter.start()  # a retry of the whole policy had closed them: "meter is closed"
+        meter.close()
+    assert leases.held() == [UUID, "cpu-model:node-1:a"]
 
 
 def test_a_second_gateway_on_a_gpu_a_live_gateway_meters_refuses_to_start_naming_both() -> None:
