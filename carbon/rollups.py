@@ -98,13 +98,21 @@ class _Deltas:
         self.devices = devices
         self.sums: dict[Key, list[int]] = defaultdict(lambda: [0, 0, 0])  # requests, work units, µJ
         self.uncertainty: dict[Key, Decimal] = {}
-        self.chain_organizations: set[tuple[int, int]] = set()  # (chain pk, organization id) seen
+        # (chain pk, organization id) seen -> [first, last] month (yyyymm) of the hours read
+        self.chain_organizations: dict[tuple[int, int], list[int]] = {}
         self.chain_pk = 0  # the chain being read
 
     def _key(self, key: Key, device: _DeviceFacts) -> Key:
         self.uncertainty[key] = device.relative_uncertainty
         if key[0] is not None:
-            self.chain_organizations.add((self.chain_pk, key[0]))
+            period = key[6].year * 100 + key[6].month
+            months = self.chain_organizations.get((self.chain_pk, key[0]))
+            if months is None:
+                self.chain_organizations[(self.chain_pk, key[0])] = [period, period]
+            elif period < months[0]:
+                months[0] = period
+            elif period > months[1]:
+                months[1] = period
         return key
 
     def request_key(self, org: int | None, device_id: str, model: str, hour: int, synthetic: bool) -> Key:
@@ -308,15 +316,31 @@ def rollups_update(*, max_records: int | None = None) -> RollupRun:
                     moved.append(cursor)
         for cursor in moved:
             cursor.save()
-        ChainOrganization.objects.bulk_create(
-            [ChainOrganization(chain_id=c, organization_id=o) for c, o in sorted(deltas.chain_organizations)],
-            ignore_conflicts=True,
-        )
+        _chain_organizations(deltas.chain_organizations)
         touched = _merge(deltas, run)
         _carbon(touched)
         _market(touched)
     run.seconds = time.perf_counter() - started
     return run
+
+
+def _chain_organizations(seen: dict[tuple[int, int], list[int]]) -> None:
+    """Record which organizations have records in which chains, and widen the months they span. The months only
+    widen (each update is conditional), so runs that overlap leave the widest; NULL months (unknown) stay."""
+    ChainOrganization.objects.bulk_create(
+        [
+            ChainOrganization(chain_id=c, organization_id=o, first_period=first, last_period=last)
+            for (c, o), (first, last) in sorted(seen.items())
+        ],
+        ignore_conflicts=True,
+    )
+    for (c, o), (first, last) in sorted(seen.items()):
+        ChainOrganization.objects.filter(chain_id=c, organization_id=o, first_period__gt=first).update(
+            first_period=first
+        )
+        ChainOrganization.objects.filter(chain_id=c, organization_id=o, last_period__lt=last).update(
+            last_period=last
+        )
 
 
 def _merge(deltas: _Deltas, run: RollupRun) -> list[HourlyRollup]:

@@ -375,6 +375,12 @@ class ChainOrganization(models.Model):
     organization = models.ForeignKey(
         Organization, on_delete=models.PROTECT, related_name="+", db_constraint=False
     )
+    # The first and last months (yyyymm) of the organization's records in the chain, by the records' own times
+    # as the rollups bin them: a report lists the chains holding the records of its period, so its chain list
+    # does not grow with every chain the organization ever had. NULL: rolled up before the months were kept
+    # (such a chain is listed for every period).
+    first_period = models.IntegerField(null=True)
+    last_period = models.IntegerField(null=True)
 
     class Meta:
         db_table = "carbonledger_chainorganization"

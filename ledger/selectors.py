@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 from django.db.models import Q, QuerySet
 
 from ledger.models import (
+    ChainOrganization,
     LedgerBatch,
     LedgerBatchEnergy,
+    LedgerChain,
     LedgerIdle,
     LedgerInterval,
     LedgerQuarantine,
@@ -316,3 +318,16 @@ def chain_lease(chain_id: str) -> LeaseGrant | None:
     """Who holds the database lease of a ledger chain (live or lapsed: compare ``expires_at`` with the
     database's clock), or None when no process ever claimed it. See ledger/ownership.py."""
     return lease_holder(chain_lease_name(chain_id))
+
+
+def organization_chains(organization_id: int, start: datetime, end: datetime) -> QuerySet[LedgerChain]:
+    """The chains holding the organization's records of [``start``, ``end``) as far as the rollups have read
+    them, by chain id: those whose months of the organization's records overlap the period's, and those whose
+    months are unknown (rolled up before they were kept). Another organization's chains are not listed."""
+    first = start.year * 100 + start.month
+    last_moment = end - timedelta(microseconds=1)
+    last = last_moment.year * 100 + last_moment.month
+    own = ChainOrganization.objects.filter(organization_id=organization_id).filter(
+        Q(first_period__isnull=True) | Q(first_period__lte=last, last_period__gte=first)
+    )
+    return LedgerChain.objects.filter(pk__in=own.values("chain_id")).order_by("chain_id")

@@ -24,7 +24,8 @@ from carbon import co2e, display
 from carbon.models import ContractualInstrument, FactorImport
 from carbon.selectors import CarbonSummary, carbon_summary, factor_attributions, rollup_series
 from ledger.archive import checkpoint
-from ledger.models import ChainOrganization, LedgerChain, LedgerVerification
+from ledger.models import LedgerChain, LedgerVerification
+from ledger.selectors import organization_chains
 from ledger.services import ledger_verify
 from reports.esrs import esrs_e1
 from reports.models import Report, ReportingProfile
@@ -201,7 +202,7 @@ def gather(report: Report, progress: ReportProgress) -> SnapshotSources:
     profile = profile_of(org)
     start, end = _period(report)
     progress(15, "verifying the ledger's hash chains")
-    chains = _verified_chains(org)
+    chains = _verified_chains(org, start, end)
     _refuse_broken_chain(chains, accept_broken=report.accept_broken_chain)
     progress(35, "computing location- and market-based emissions")
     summary = _summary(org, start, end)
@@ -235,14 +236,14 @@ def _period(report: Report) -> tuple[datetime, datetime]:
     return start, end
 
 
-def _verified_chains(organization: Organization) -> list[ChainState]:
-    """Verify the ledger (what is new since the last verification), then read the organization's chains."""
+def _verified_chains(organization: Organization, start: datetime, end: datetime) -> list[ChainState]:
+    """Verify the ledger (what is new since the last verification), then read the chains holding the
+    organization's records of the period: another organization's chains (their ids, heads, and whether they are
+    intact) are none of this report's business, and the chains of other months would make the report's work
+    grow with every chain the organization ever had."""
     ledger_verify()
     chains: list[ChainState] = []
-    # Only the chains holding the organization's records: another organization's chains (their ids, heads,
-    # and whether they are intact) are none of this report's business.
-    own = ChainOrganization.objects.filter(organization=organization).values("chain_id")
-    for chain in LedgerChain.objects.filter(pk__in=own).order_by("chain_id"):
+    for chain in organization_chains(organization.pk, start, end):
         latest = LedgerVerification.objects.filter(chain=chain).order_by("-finished_at", "-id").first()
         # Full: from genesis, or from the chain's archive checkpoint (its records before it are in archive files).
         full_from = {0, checkpoint(chain)[0]}

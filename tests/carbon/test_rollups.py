@@ -14,7 +14,8 @@ from carbon.models import EmissionFactor, HourlyRollup
 from carbon.rollups import recompute_carbon, rollups_rebuild, rollups_update
 from carbon.selectors import carbon_summary
 from demo.synthetic_ledger import generate_ledger
-from ledger.models import LedgerBatchEnergy, LedgerIdle, LedgerRequest
+from ledger.models import ChainOrganization, LedgerBatchEnergy, LedgerIdle, LedgerRequest
+from ledger.selectors import organization_chains
 from ledger.services import ledger_adjust
 from ledger.writer import append_records
 from tenancy.models import Device, Site
@@ -373,3 +374,36 @@ def test_energy_for_requests_months_before_it_is_rolled_up_to_them(factors: None
         org: HourlyRollup.objects.filter(organization=org, kind="request").aggregate(s=Sum("energy_uj"))["s"]
         for org in (early, late)
     } == energy
+
+
+def test_the_rollups_keep_the_months_each_organization_has_records_in_each_chain(factors: None) -> None:
+    a, b = OrganizationFactory(), OrganizationFactory()
+    device = _device(_site(a))
+
+    def request(chain: str, org_id: int, at: datetime) -> None:
+        n = next(_ids)
+        append_records(
+            chain, one_request_records("m", n, org_id, device.device_id, int(at.timestamp() * 1e9), 1)
+        )
+
+    request("early", a.pk, datetime(2025, 1, 31, 23, tzinfo=UTC))
+    request("late", a.pk, datetime(2025, 3, 1, 0, tzinfo=UTC))
+    request("late", b.pk, datetime(2025, 2, 10, tzinfo=UTC))
+    rollups_update()
+
+    def chains(org_id: int, start: datetime, end: datetime) -> list[str]:
+        return [c.chain_id for c in organization_chains(org_id, start, end)]
+
+    jan, feb, mar, apr = (datetime(2025, m, 1, tzinfo=UTC) for m in (1, 2, 3, 4))
+    assert chains(a.pk, jan, feb) == ["early"]
+    assert chains(a.pk, feb, mar) == []
+    assert chains(a.pk, mar, apr) == ["late"]
+    assert chains(a.pk, jan, apr) == ["early", "late"]
+    assert chains(b.pk, feb, mar) == ["late"] and chains(b.pk, jan, feb) == []
+    # A later run widens the months (the same chain, records of a later month); they never narrow.
+    request("early", a.pk, datetime(2025, 2, 14, tzinfo=UTC))
+    rollups_update()
+    assert chains(a.pk, feb, mar) == ["early"] and chains(a.pk, jan, feb) == ["early"]
+    # Rolled up before the months were kept: listed for every period.
+    ChainOrganization.objects.filter(organization_id=b.pk).update(first_period=None, last_period=None)
+    assert chains(b.pk, jan, feb) == ["late"]

@@ -248,6 +248,28 @@ def test_a_broken_chain_fails_the_report_unless_accepted_and_is_then_stated(
     assert "BROKEN" in _pdf_text(accepted)
 
 
+def test_a_report_lists_only_the_chains_holding_the_organization_s_records_of_its_period(
+    org_with_ledger: Organization,
+) -> None:
+    gpu = Device.objects.get(device_id=f"gpu-{org_with_ledger.slug}")
+    n = next(_ids)
+    march = int(datetime(2025, 3, 5, 9, tzinfo=UTC).timestamp() * 1e9)
+    append_records(
+        "report-march", one_request_records("r", n, org_with_ledger.pk, gpu.device_id, march, 1, "digits")
+    )
+    other = OrganizationFactory()
+    append_records(
+        "report-other", one_request_records("r", n + 1, other.pk, gpu.device_id, march, 1, "digits")
+    )
+    rollups_update()
+    january = _generate(org_with_ledger)
+    assert [c["chain_id"] for c in january.snapshot["ledger"]["chains"]] == ["report-test"]
+    first_quarter = report_request(organization=org_with_ledger, start=date(2025, 1, 1), end=date(2025, 4, 1))
+    done = report_generate(first_quarter.pk)
+    assert done is not None and done.status == "done"
+    assert [c["chain_id"] for c in done.snapshot["ledger"]["chains"]] == ["report-march", "report-test"]
+
+
 def test_the_monthly_schedule_asks_once_for_last_months_report_of_each_organization_with_data(
     org_with_ledger: Organization,
 ) -> None:
