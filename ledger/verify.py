@@ -323,13 +323,19 @@ def worker_start_method() -> str | None:
     tests'), which only a forked child would see. A connection pool (``CARBONLEDGER_DB_POOL_MAX_SIZE``) also means
     spawn: a forked child would take the parent's pooled sockets and the two would talk over each other."""
     pooled = any("pool" in connections[alias].settings_dict.get("OPTIONS", {}) for alias in connections)
-    if threading.active_count() == 1 and not pooled:
+    in_memory = any(
+        conn.vendor == "sqlite" and (name == ":memory:" or "mode=memory" in name)  # as Django tells it
+        for conn in connections.all(initialized_only=True)
+        for name in [str(conn.settings_dict["NAME"])]
+    )
+    return start_method_for(threads=threading.active_count(), pooled=pooled, in_memory=in_memory)
+
+
+def start_method_for(*, threads: int, pooled: bool, in_memory: bool) -> str | None:
+    """The rule of :func:`worker_start_method`, given what it found in this process."""
+    if threads == 1 and not pooled:
         return "fork"
-    for conn in connections.all(initialized_only=True):
-        name = str(conn.settings_dict["NAME"])
-        if conn.vendor == "sqlite" and (name == ":memory:" or "mode=memory" in name):  # as Django tells it
-            return None
-    return "spawn"
+    return None if in_memory else "spawn"
 
 
 def _run(segments: list[_Segment], workers: int) -> list[_SegmentResult]:

@@ -308,7 +308,14 @@ def test_a_chain_verified_from_a_point_checks_the_link_to_it(tmp_path: Path) -> 
 def test_a_process_with_other_threads_never_forks_its_workers() -> None:
     # Forking a process that runs other threads (the Celery worker's thread pool) can leave a child waiting
     # forever on a lock a thread held at the fork: verification there deadlocked the worker.
-    assert verify_module.worker_start_method() == "fork"  # the test process: this thread alone
+    assert verify_module.start_method_for(threads=1, pooled=False, in_memory=False) == "fork"
+    assert (
+        verify_module.start_method_for(threads=1, pooled=False, in_memory=True) == "fork"
+    )  # a child sees it
+    assert verify_module.start_method_for(threads=2, pooled=False, in_memory=False) == "spawn"
+    assert verify_module.start_method_for(threads=2, pooled=False, in_memory=True) is None
+    assert verify_module.start_method_for(threads=1, pooled=True, in_memory=False) == "spawn"
+    # This process, with one more thread than it had (earlier tests may have left some, gRPC's poller say).
     release = threading.Event()
     other = threading.Thread(target=release.wait, daemon=True)
     other.start()
