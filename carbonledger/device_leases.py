@@ -21,8 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import close_old_connections, connection
 
+from carbonledger.db_wait import call_until_database_answers
 from inference.meters import Meter
 from inference.meters.claims import FALLBACK, FencedMeter, claim_devices, lease_name
 from inference.recorder import DeviceAccount, LedgerRecorder, RecorderOptions
@@ -234,17 +235,9 @@ def claim_meters(
     deadline = time.monotonic() + database_wait_s
 
     def claim(device_id: str) -> str | None:
-        backoff = 0.5
-        while True:
-            try:
-                return leases.claim(device_id)
-            except DatabaseError as exc:
-                if time.monotonic() + backoff > deadline:
-                    raise
-                log.warning("cannot claim the metered devices yet (%s); retrying in %.1f s", exc, backoff)
-                connection.close()
-                time.sleep(backoff)
-                backoff = min(5.0, backoff * 2)
+        return call_until_database_answers(
+            lambda: leases.claim(device_id), what=f"claim the device {device_id}", deadline=deadline
+        )
 
     claimed = claim_devices(meters, claim, leases.release, fallback=fallback)
     for _meter, why in claimed:

@@ -16,10 +16,11 @@ from typing import Any, cast
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from carbon.selectors import grid_signal
+from carbonledger.db_wait import call_until_database_answers
 from carbonledger.device_leases import DeviceLeases, LeasedRecorder
 from carbonledger.replica_status import ReplicaStatus, database_checks
 from inference.errors import THREAD_ERRORS, ThreadErrors
@@ -446,23 +447,16 @@ class ChainLeaseService:
         self.database_wait_s = database_wait_s
 
     def start(self) -> None:
-        deadline = time.monotonic() + self.database_wait_s
-        backoff = 0.5
-        while True:
-            try:
-                self.ownership.claim()
-                break
-            except DatabaseError as exc:
-                # Records answered from an unclaimed spool could belong to a chain another process writes:
-                # nothing is served before the claim, so a database down at start-up is waited for, a while.
-                if time.monotonic() + backoff > deadline:
-                    raise
-                log.warning("cannot claim the ledger chain yet (%s); retrying in %.1f s", exc, backoff)
-                connection.close()
-                time.sleep(backoff)
-                backoff = min(5.0, backoff * 2)
-            finally:
-                close_old_connections()
+        # Records answered from an unclaimed spool could belong to a chain another process writes: nothing is
+        # served before the claim, so a database down at start-up is waited for, a while.
+        try:
+            call_until_database_answers(
+                self.ownership.claim,
+                what="claim the ledger chain",
+                deadline=time.monotonic() + self.database_wait_s,
+            )
+        finally:
+            close_old_connections()
         self.ownership.start_keeper()
 
     def stop(self) -> None:
