@@ -407,3 +407,7 @@ def test_the_rollups_keep_the_months_each_organization_has_records_in_each_chain
     # Rolled up before the months were kept: listed for every period.
     ChainOrganization.objects.filter(organization_id=b.pk).update(first_period=None, last_period=None)
     assert chains(b.pk, jan, feb) == ["late"]
+    # A rebuild reads every chain from its start again: the months come back exact.
+    rollups_rebuild()
+    assert chains(b.pk, jan, feb) == [] and chains(b.pk, feb, mar) == ["late"]
+    assert chains(a.pk, jan, feb) == ["early"] and chains(a.pk, mar, apr) == ["late"]
