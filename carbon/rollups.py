@@ -32,7 +32,7 @@ from carbon.inputs import rollup_consumption
 from carbon.models import HourlyRollup, RollupCursor
 from carbon.selectors import MARKET_ERROR_PREFIX, PueHistory, factor_set, instruments_of, residual_mixes_of
 from carbon.services import site_ensure_pue_record
-from ledger.models import ChainOrganization, LedgerArchive, LedgerChain
+from ledger.models import ChainOrganization, LedgerArchive, LedgerChain, period_of
 from tenancy.models import Device, Site
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class _Deltas:
     def _key(self, key: Key, device: _DeviceFacts) -> Key:
         self.uncertainty[key] = device.relative_uncertainty
         if key[0] is not None:
-            period = key[6].year * 100 + key[6].month
+            period = period_of(key[6])
             months = self.chain_organizations.get((self.chain_pk, key[0]))
             if months is None:
                 self.chain_organizations[(self.chain_pk, key[0])] = [period, period]

@@ -43,6 +43,11 @@ class LedgerChain(models.Model):
 _month: tuple[int, int, int] = (0, 0, 0)  # [start, end) in ns of the month last computed, and its period
 
 
+def period_of(moment: datetime) -> int:
+    """The month of ``moment`` (an aware UTC datetime) as an integer yyyymm (202611)."""
+    return moment.year * 100 + moment.month
+
+
 def period_of_ns(ns: int) -> int:
     """The UTC month of a time in ns since the epoch, as an integer yyyymm (202611)."""
     global _month
@@ -50,7 +55,7 @@ def period_of_ns(ns: int) -> int:
     if start <= ns < end:  # tens of thousands of records a second, nearly all in one month
         return period
     day = datetime.fromtimestamp(ns // 1_000_000_000, UTC)
-    _month = month_bounds(day.year * 100 + day.month)
+    _month = month_bounds(period_of(day))
     return _month[2]
 
 

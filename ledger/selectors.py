@@ -22,6 +22,7 @@ from ledger.models import (
     LedgerQuarantine,
     LedgerRequest,
     LedgerRequestEnergy,
+    period_of,
     period_of_ns,
 )
 from ledger.ownership import chain_lease_name
@@ -324,9 +325,7 @@ def organization_chains(organization_id: int, start: datetime, end: datetime) ->
     """The chains holding the organization's records of [``start``, ``end``) as far as the rollups have read
     them, by chain id: those whose months of the organization's records overlap the period's, and those whose
     months are unknown (rolled up before they were kept). Another organization's chains are not listed."""
-    first = start.year * 100 + start.month
-    last_moment = end - timedelta(microseconds=1)
-    last = last_moment.year * 100 + last_moment.month
+    first, last = period_of(start), period_of(end - timedelta(microseconds=1))
     own = ChainOrganization.objects.filter(organization_id=organization_id).filter(
         Q(first_period__isnull=True) | Q(first_period__lte=last, last_period__gte=first)
     )

@@ -309,9 +309,8 @@ def test_a_process_with_other_threads_never_forks_its_workers() -> None:
     # Forking a process that runs other threads (the Celery worker's thread pool) can leave a child waiting
     # forever on a lock a thread held at the fork: verification there deadlocked the worker.
     assert verify_module.start_method_for(threads=1, pooled=False, in_memory=False) == "fork"
-    assert (
-        verify_module.start_method_for(threads=1, pooled=False, in_memory=True) == "fork"
-    )  # a child sees it
+    # A forked child sees a database in this process's memory.
+    assert verify_module.start_method_for(threads=1, pooled=False, in_memory=True) == "fork"
     assert verify_module.start_method_for(threads=2, pooled=False, in_memory=False) == "spawn"
     assert verify_module.start_method_for(threads=2, pooled=False, in_memory=True) is None
     assert verify_module.start_method_for(threads=1, pooled=True, in_memory=False) == "spawn"
