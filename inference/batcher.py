@@ -6,6 +6,14 @@ runs it, and hands the results to ``deliver`` once per batch. The next batch for
 current one runs and starts the moment it ends, with no event-loop round trip: a hop through the
 event loop per batch would cost a wake-up on the serving path's busiest thread.
 
+Completing a batch (the hooks' ``end``: statistics, the ledger record; then ``deliver``) takes
+time the model could spend on the next batch. So when requests are already queued as a batch
+ends, the instance thread hands the completion to the batcher's completion thread and plans the
+next batch at once; when nothing is queued (nothing to overlap with) it completes the batch
+itself, saving a thread wake-up on the path to the answer. Completions run in the order their
+batches ended: the instance thread completes inline only while the completion thread has
+nothing waiting or running.
+
 Triton's rules (``dynamic_batching`` in config.pbtxt), each unit-tested in
 tests/inference/test_batcher.py:
 
@@ -169,13 +177,20 @@ ExecuteFn = Callable[[list[Pending]], tuple[Sequence[Any], tuple[int, int, int]]
 DeliverFn = Callable[[list[tuple[Pending, Any]]], None]
 
 
-class BatchHook(Protocol):
-    """Called on the instance thread around each executed batch.
+# A batch handed to the completion thread: instance index, batch, results, timing, error.
+Completion = tuple[int, list[Pending], Sequence[Any], BatchTiming, BaseException | None]
 
-    ``begin`` runs before the batch's start time is taken; ``end`` runs after execution and
-    before any answer is delivered, so what it records exists before the client hears back.
-    If ``end`` raises an InferenceError, every request of the batch is answered with it
-    instead (a result that cannot be recorded is not handed out).
+
+class BatchHook(Protocol):
+    """Called around each executed batch, with the same ``batch`` list object for both calls.
+
+    ``begin`` runs on the instance thread before the batch's start time is taken; ``end`` runs
+    after execution and before any answer is delivered, so what it records exists before the
+    client hears back, on the instance thread or on the batcher's completion thread (see the
+    module doc): an instance may ``begin`` its next batch before this one's ``end``, so a hook
+    keeps what it carries from ``begin`` to ``end`` per batch, not per instance. If ``end``
+    raises an InferenceError, every request of the batch is answered with it instead (a result
+    that cannot be recorded is not handed out).
     """
 
     def begin(self, index: int, batch: list[Pending]) -> None: ...
@@ -235,6 +250,15 @@ class DynamicBatcher:
         self._stopped = threading.Event()  # set with _stopping; interrupts a pause after a failed iteration
         self._threads: list[threading.Thread] = []
         self._reaper: threading.Thread | None = None
+        # Completions handed over by instance threads, run in order by the completion thread. Locking rule:
+        # _completions, _completing, _completer and _completer_stopping are guarded by _completion_lock, which
+        # is never taken with _lock held.
+        self._completion_lock = threading.Lock()
+        self._completion_ready = threading.Condition(self._completion_lock)
+        self._completions: deque[Completion] = deque()
+        self._completing = False  # the completion thread is running one
+        self._completer: threading.Thread | None = None
+        self._completer_stopping = False
         # A planner with the knob above 0, or with a latency objective and a grid state to lean on when the
         # grid is above its threshold (carbon-aware mode); otherwise none, and Triton's rules alone.
         wants_planner = policy.efficiency.enabled or (
@@ -277,6 +301,13 @@ class DynamicBatcher:
             self._reap.notify_all()
         for t in self._threads:
             t.join(timeout_s)
+        # The last batches' completions (their ledger records, their answers) run before stop returns.
+        with self._completion_lock:
+            self._completer_stopping = True
+            self._completion_ready.notify_all()
+            completer = self._completer
+        if completer is not None:
+            completer.join(timeout_s)
         if self._reaper is not None:
             self._reaper.join(timeout_s)
         if leftovers:
@@ -542,7 +573,6 @@ class DynamicBatcher:
 
     def _run_batch(self, index: int, run: ExecuteFn, batch: list[Pending]) -> None:
         clock = self._clock
-        finishing = False
         try:
             for hook in self._hooks:
                 try:
@@ -575,6 +605,30 @@ class DynamicBatcher:
                 self.planner.batch_done(
                     sum(p.rows for p in batch), end - start, [end - p.enqueued_ns for p in batch], end
                 )
+            queued = self._queued  # read without the lock: a stale count only picks the other thread
+        except Exception:
+            self._fail_batch(batch, False)
+            raise
+        with self._completion_lock:
+            # Once stop() has let the completion thread go (an instance outlived its join), complete here.
+            if not self._completer_stopping and (queued or self._completing or self._completions):
+                self._completions.append((index, batch, results, timing, error))
+                self._ensure_completer()
+                self._completion_ready.notify()
+                return
+        self._complete(index, batch, results, timing, error)
+
+    def _complete(
+        self,
+        index: int,
+        batch: list[Pending],
+        results: Sequence[Any],
+        timing: BatchTiming,
+        error: BaseException | None,
+    ) -> None:
+        """The hooks' ``end``, then the answers: on the instance thread or the completion thread."""
+        finishing = False
+        try:
             for hook in self._hooks:
                 try:
                     hook.end(index, batch, timing, error)
@@ -588,6 +642,42 @@ class DynamicBatcher:
         except Exception:
             self._fail_batch(batch, finishing)
             raise
+
+    def _ensure_completer(self) -> None:
+        # _completion_lock held.
+        if self._completer is None:
+            self._completer = threading.Thread(
+                target=self._completer_loop, name=f"{self.name}-complete", daemon=True
+            )
+            self._completer.start()
+
+    def _completer_loop(self) -> None:
+        failures = 0
+        while True:
+            try:
+                if not self._completer_step():
+                    return
+                failures = 0
+            # A dead completion thread would leave every batch handed over unanswered.
+            except Exception as exc:
+                failures += 1
+                self._thread_errors.record(
+                    exc, f"a completion of model '{self.name}' failed; the completion thread goes on"
+                )
+                self._pause_after_error(failures)
+
+    def _completer_step(self) -> bool:
+        """Completes the oldest handed-over batch, or waits for one. False once stopping with none left."""
+        with self._completion_lock:
+            while not self._completions:
+                self._completing = False
+                if self._completer_stopping:
+                    return False
+                self._completion_ready.wait()
+            item = self._completions.popleft()
+            self._completing = True
+        self._complete(*item)
+        return True
 
     def _fail_batch(self, batch: list[Pending], finishing: bool) -> None:
         """Answers a batch whose iteration failed with a 500, so that no client waits for it forever."""

@@ -97,7 +97,8 @@ class _Steps:
 
 
 class _RegisterThread:
-    """A batch hook that counts the instance thread it runs on as serving (once)."""
+    """A batch hook that counts the threads it runs on as serving (each once): the instance thread, and the
+    batcher's completion thread, which records and answers the batches it is handed."""
 
     __slots__ = ("_threads",)
 
@@ -110,7 +111,9 @@ class _RegisterThread:
             self._threads.add(tid)
 
     def end(self, index: int, batch: Any, timing: Any, error: BaseException | None) -> None:
-        pass
+        tid = threading.get_native_id()
+        if tid not in self._threads:
+            self._threads.add(tid)
 
 
 class ServingCpu:

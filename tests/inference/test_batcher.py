@@ -468,3 +468,100 @@ def test_a_hook_that_refuses_a_batch_fails_its_answers_and_later_hooks_see_the_f
     ((_p, result),) = delivered
     assert isinstance(result, InferenceError) and result.status == 503
     assert isinstance(seen[0], InferenceError)
+
+
+# -- completing a batch (hooks' end, answers) while the next one runs ---------------------------------------
+
+
+class EndLog:
+    """A hook that notes the thread each ``end`` runs on, and holds the end of the batch of ``hold``."""
+
+    def __init__(self, hold: Any = None) -> None:
+        self.hold = hold
+        self.release = threading.Event()
+        self.ended: list[tuple[Any, str]] = []
+
+    def begin(self, index: int, batch: list[Pending]) -> None:
+        pass
+
+    def end(self, index: int, batch: list[Pending], timing: Any, error: BaseException | None) -> None:
+        if batch[0].payload == self.hold:
+            assert self.release.wait(5)
+        self.ended.append((batch[0].payload, threading.current_thread().name))
+
+
+def one_at_a_time(hook: EndLog, run: Any, deliver: Any) -> DynamicBatcher:
+    return DynamicBatcher(
+        "m",
+        policy(max_batch_size=1, preferred_batch_sizes=(1,), max_queue_delay_ns=0),
+        lambda i: run,
+        deliver,
+        hooks=[hook],
+    )
+
+
+def test_a_batch_ending_with_requests_queued_is_completed_while_the_next_one_runs() -> None:
+    hook = EndLog(hold="a")
+    ran: list[Any] = []
+    delivered: list[tuple[Pending, Any]] = []
+
+    def run(batch: list[Pending]) -> tuple[Sequence[Any], tuple[int, int, int]]:
+        ran.append(batch[0].payload)
+        if batch[0].payload == "a":
+            wait_for(lambda: b.queued == 1)  # "b" waits as "a" ends
+        return [p.payload for p in batch], (0, 0, 0)
+
+    b = one_at_a_time(hook, run, delivered.extend)
+    b.start()
+    try:
+        b.enqueue(Pending("a"))
+        b.enqueue(Pending("b"))
+        wait_for(lambda: ran == ["a", "b"])  # "b" ran while the end of "a" (its ledger record) is held
+        time.sleep(0.02)
+        assert delivered == []  # "a" is answered only once recorded, and "b" only after "a"
+        hook.release.set()
+        wait_for(lambda: len(delivered) == 2)
+    finally:
+        b.stop()
+    assert [p.payload for p, _ in delivered] == ["a", "b"]
+    assert hook.ended == [("a", "m-complete"), ("b", "m-complete")]
+
+
+def test_a_batch_ending_with_nothing_queued_is_completed_on_its_instance_thread() -> None:
+    hook = EndLog()
+    delivered: list[tuple[Pending, Any]] = []
+    b = one_at_a_time(hook, lambda batch: ([p.payload for p in batch], (0, 0, 0)), delivered.extend)
+    b.start()
+    try:
+        b.enqueue(Pending("a"))
+        wait_for(lambda: len(delivered) == 1)
+        b.enqueue(Pending("b"))
+        wait_for(lambda: len(delivered) == 2)
+    finally:
+        b.stop()
+    assert hook.ended == [("a", "m-0"), ("b", "m-0")]
+    assert not any(t.name == "m-complete" for t in threading.enumerate())
+
+
+def test_stop_returns_only_once_the_handed_over_batches_are_completed() -> None:
+    hook = EndLog(hold="a")
+    delivered: list[tuple[Pending, Any]] = []
+
+    def run(batch: list[Pending]) -> tuple[Sequence[Any], tuple[int, int, int]]:
+        if batch[0].payload == "a":
+            wait_for(lambda: b.queued == 1)
+        return [p.payload for p in batch], (0, 0, 0)
+
+    b = one_at_a_time(hook, run, delivered.extend)
+    b.start()
+    b.enqueue(Pending("a"))
+    b.enqueue(Pending("b"))
+    wait_for(lambda: b.queued == 0 and b.pending_count == 0)  # both ran; "a" is held in its end
+    stopper = threading.Thread(target=b.stop)
+    stopper.start()
+    time.sleep(0.05)
+    assert stopper.is_alive() and delivered == []
+    hook.release.set()
+    stopper.join(5)
+    assert not stopper.is_alive()
+    assert [(p.payload, result) for p, result in delivered] == [("a", "a"), ("b", "b")]
