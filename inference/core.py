@@ -27,7 +27,7 @@ from inference.errors import Forbidden, InferenceError, InvalidInput, RequestTim
 from inference.keys import KeyCache, KeyLookup, Principal, PrincipalResolver
 from inference.kserve import (
     InferRequest,
-    decode_request,
+    RequestDecoder,
     encode_response,
     parse_header_length,
     shape_signature,
@@ -96,6 +96,7 @@ class InferenceCore:
         self.started = False
         self._services = list(services)
         self._admission = admission
+        self._decoder = RequestDecoder()  # remembers recent binary requests' JSON headers (kserve.py)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -191,12 +192,13 @@ class InferenceCore:
             mv, self.decode(mv, body, header_length, received), principal, received, future
         )
 
-    @staticmethod
-    def decode(mv: ModelVersion, body: bytes, header_length: bytes | None, received: int) -> InferRequest:
+    def decode(
+        self, mv: ModelVersion, body: bytes, header_length: bytes | None, received: int
+    ) -> InferRequest:
         """Decodes and checks an infer request body for ``mv``, counting a refusal in its statistics; any thread
-        may call it (the statistics take their own lock, and decoding touches nothing shared)."""
+        may call it (the statistics take their own lock, and the decoder's plans are safe across threads)."""
         try:
-            return decode_request(body, parse_header_length(header_length, len(body)))
+            return self._decoder.decode(body, parse_header_length(header_length, len(body)))
         except InferenceError:
             mv.stats.record_failure("OTHER", time.monotonic_ns() - received)
             raise

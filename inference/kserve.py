@@ -295,6 +295,86 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
     Every field is type-checked and every size is computed from the shape and compared with the body and the
     limits (limits.py) before anything is allocated for it; whatever does not hold is an ``InvalidInput``.
     """
+    return _decode(body, header_length, planning=False)[0]
+
+
+@dataclass(slots=True)
+class _BinaryInput:
+    name: str
+    dtype: np.dtype[Any]
+    count: int
+    offset: int
+    shape: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class HeaderPlan:
+    """What a binary request's JSON header decoded to, for another body with the same header and length.
+
+    Only for headers whose every input is binary data that needs no check of its values (not BYTES, whose
+    elements are parsed, nor BOOL, whose bytes must be 0 or 1): every check ``decode_request`` makes then
+    depends on the header's bytes and the body's length alone, so a body with both equal decodes, with the
+    same checks passed, to the plan's request over its own bytes."""
+
+    id: str | None
+    parameters: dict[str, Any]
+    inputs: tuple[_BinaryInput, ...]
+    datatypes: dict[str, str]
+    outputs: tuple[RequestedOutput, ...] | None
+    binary_output_all: bool
+
+    def request(self, body: bytes) -> InferRequest:
+        inputs = {
+            i.name: np.frombuffer(body, dtype=i.dtype, count=i.count, offset=i.offset).reshape(i.shape)
+            for i in self.inputs
+        }
+        return InferRequest(
+            id=self.id,
+            parameters=dict(self.parameters),
+            inputs=inputs,
+            datatypes=dict(self.datatypes),
+            outputs=None if self.outputs is None else list(self.outputs),
+            binary_output_all=self.binary_output_all,
+        )
+
+
+class RequestDecoder:
+    """``decode_request`` that remembers the plans of recent binary requests' JSON headers.
+
+    A client sends the same header with every request of a kind (perf_analyzer and tritonclient do, as does
+    any service calling one model), and parsing and checking it is most of a small request's decoding. A body
+    whose header bytes and length match a remembered plan's is decoded from the plan (``HeaderPlan``); any
+    other is decoded in full, and its plan remembered when it qualifies. Headers over ``max_header_bytes`` are
+    not remembered, and at ``max_plans`` the memory is emptied, so many distinct headers cost at most a full
+    decoding each, as without it. Safe from several threads: a lookup, an insertion and emptying are each one
+    dict operation.
+    """
+
+    def __init__(self, max_plans: int = 256, max_header_bytes: int = 4096) -> None:
+        self.max_plans = max_plans
+        self.max_header_bytes = max_header_bytes
+        self._plans: dict[tuple[bytes, int], HeaderPlan] = {}
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def decode(self, body: bytes, header_length: int | None) -> InferRequest:
+        if header_length is None or header_length > self.max_header_bytes:
+            return decode_request(body, header_length)
+        key = (body[:header_length], len(body))
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan.request(body)
+        req, plan = _decode(body, header_length, planning=True)
+        if plan is not None:
+            if len(self._plans) >= self.max_plans:
+                self._plans.clear()
+            self._plans[key] = plan
+        return req
+
+
+def _decode(body: bytes, header_length: int | None, planning: bool) -> tuple[InferRequest, HeaderPlan | None]:
+    """``decode_request``, and (``planning``) the request's ``HeaderPlan`` when it qualifies for one."""
     json_end = len(body) if header_length is None else header_length
     try:
         doc = orjson.loads(memoryview(body)[:json_end])
@@ -312,6 +392,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
     offset = json_end
     inputs: dict[str, np.ndarray[Any, Any]] = {}
     datatypes: dict[str, str] = {}
+    planned: list[_BinaryInput] | None = [] if planning and header_length is not None else None
     for raw in raw_inputs:
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise InvalidInput(f"{_prefix(rid)}each input must be an object with a 'name'")
@@ -346,6 +427,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
                         f"{4 * count} bytes (a 4-byte length per element), binary_data_size is {size}"
                     )
                 arr = _decode_bytes_elements(body, offset, size, count, name, rid)
+                planned = None  # its elements are parsed from the body
             else:
                 dt = LITTLE_ENDIAN[datatype]
                 expected = count * dt.itemsize
@@ -355,10 +437,15 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
                         f"binary_data_size is {size}"
                     )
                 arr = np.frombuffer(body, dtype=dt, count=count, offset=offset)
-                if datatype == "BOOL" and count and np.frombuffer(body, np.uint8, count, offset).max() > 1:
-                    raise InvalidInput(f"{_prefix(rid)}input '{name}': BOOL data must be bytes 0 or 1")
+                if datatype == "BOOL":
+                    if count and np.frombuffer(body, np.uint8, count, offset).max() > 1:
+                        raise InvalidInput(f"{_prefix(rid)}input '{name}': BOOL data must be bytes 0 or 1")
+                    planned = None  # its bytes are checked
+                elif planned is not None:
+                    planned.append(_BinaryInput(name, dt, count, offset, shape))
             offset += size
         else:
+            planned = None  # its data is in the header
             if "data" not in raw:
                 raise InvalidInput(f"{_prefix(rid)}input '{name}' has neither 'data' nor binary_data_size")
             if count > json_end:  # every JSON element takes at least one byte of the body
@@ -392,7 +479,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
                 raise InvalidInput(f"{_prefix(rid)}{where}the classification extension is not supported")
             binary = _flag(oparams, "binary_data", where, rid)
             outputs.append(RequestedOutput(raw["name"], binary_all if binary is None else binary))
-    return InferRequest(
+    req = InferRequest(
         id=rid,
         parameters=params,
         inputs=inputs,
@@ -400,6 +487,17 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         outputs=outputs,
         binary_output_all=binary_all,
     )
+    if planned is None:
+        return req, None
+    plan = HeaderPlan(
+        id=rid,
+        parameters=dict(params),
+        inputs=tuple(planned),
+        datatypes=dict(datatypes),
+        outputs=None if outputs is None else tuple(outputs),
+        binary_output_all=binary_all,
+    )
+    return req, plan
 
 
 def _shape_str(shape: tuple[int, ...] | list[int]) -> str:
