@@ -7,12 +7,17 @@ current one runs and starts the moment it ends, with no event-loop round trip: a
 event loop per batch would cost a wake-up on the serving path's busiest thread.
 
 Completing a batch (the hooks' ``end``: statistics, the ledger record; then ``deliver``) takes
-time the model could spend on the next batch. So when requests are already queued as a batch
-ends, the instance thread hands the completion to the batcher's completion thread and plans the
-next batch at once; when nothing is queued (nothing to overlap with) it completes the batch
-itself, saving a thread wake-up on the path to the answer. Completions run in the order their
-batches ended: the instance thread completes inline only while the completion thread has
-nothing waiting or running.
+time the model could spend on the next batch. So when a batch ends with the next one already due
+(``BatchPolicy.due_rows`` queued: a preferred size, or whatever is queued without a delay), the
+instance thread hands the completion to the batcher's completion thread and starts the next batch
+at once. Otherwise it completes the batch itself: nothing would overlap, a thread wake-up is saved
+on the path to the answer, and the queue meanwhile grows towards a preferred size rather than a
+thin batch going at once (more batches for the same requests, where the event loop is the
+bottleneck). An instance's batches complete in
+the order they ended: it completes inline only while the completion thread has nothing waiting
+or running. At most ``COMPLETION_BACKLOG`` batches an instance wait to be completed: past it the
+instance waits too, so a completion slower than the model cannot let answers pile up behind the
+queue's limits.
 
 Triton's rules (``dynamic_batching`` in config.pbtxt), each unit-tested in
 tests/inference/test_batcher.py:
@@ -77,6 +82,8 @@ MAX_WAIT_S = 3600.0
 # failures repeat), so that a failure on every turn cannot spin a core.
 ERROR_PAUSE_S = 0.01
 ERROR_PAUSE_MAX_S = 1.0
+# Batches per instance that may wait for the completion thread before their instance waits with them.
+COMPLETION_BACKLOG = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +121,13 @@ class BatchPolicy:
 
     def policy_for(self, level: int) -> QueuePolicy:
         return self.queue_policies.get(level, self.default_queue_policy)
+
+    @property
+    def due_rows(self) -> int:
+        """Queued rows that make a batch go at once under Triton's rules, without waiting for the delay."""
+        if not self.dynamic or self.max_queue_delay_ns == 0:
+            return 1
+        return self.preferred_batch_sizes[0] if self.preferred_batch_sizes else max(1, self.max_batch_size)
 
     @property
     def max_preferred(self) -> int:
@@ -254,7 +268,9 @@ class DynamicBatcher:
         # _completions, _completing, _completer and _completer_stopping are guarded by _completion_lock, which
         # is never taken with _lock held.
         self._completion_lock = threading.Lock()
-        self._completion_ready = threading.Condition(self._completion_lock)
+        self._completion_ready = threading.Condition(self._completion_lock)  # a completion handed over
+        self._completion_room = threading.Condition(self._completion_lock)  # the backlog went down
+        self._completion_backlog = COMPLETION_BACKLOG * self._instances
         self._completions: deque[Completion] = deque()
         self._completing = False  # the completion thread is running one
         self._completer: threading.Thread | None = None
@@ -305,6 +321,7 @@ class DynamicBatcher:
         with self._completion_lock:
             self._completer_stopping = True
             self._completion_ready.notify_all()
+            self._completion_room.notify_all()
             completer = self._completer
         if completer is not None:
             completer.join(timeout_s)
@@ -605,15 +622,14 @@ class DynamicBatcher:
                 self.planner.batch_done(
                     sum(p.rows for p in batch), end - start, [end - p.enqueued_ns for p in batch], end
                 )
-            queued = self._queued  # read without the lock: a stale count only picks the other thread
+            # Read without the lock: a stale count only picks the other thread.
+            next_due = self._queued_rows >= self.policy.due_rows
         except Exception:
             self._fail_batch(batch, False)
             raise
         with self._completion_lock:
-            # Once stop() has let the completion thread go (an instance outlived its join), complete here.
-            if not self._completer_stopping and (queued or self._completing or self._completions):
+            if self._hand_over(next_due):
                 self._completions.append((index, batch, results, timing, error))
-                self._ensure_completer()
                 self._completion_ready.notify()
                 return
         self._complete(index, batch, results, timing, error)
@@ -643,28 +659,41 @@ class DynamicBatcher:
             self._fail_batch(batch, finishing)
             raise
 
-    def _ensure_completer(self) -> None:
-        # _completion_lock held.
-        if self._completer is None:
-            self._completer = threading.Thread(
-                target=self._completer_loop, name=f"{self.name}-complete", daemon=True
-            )
-            self._completer.start()
+    def _hand_over(self, next_due: bool) -> bool:
+        """Whether a batch that just ended goes to the completion thread (_completion_lock held): when the next
+        batch is due at once, or earlier batches are still being completed there (then it must, to keep its
+        place).
+        Waits while the backlog is full. False once stop() has let the completion thread go (an instance
+        outlived its join) or when no completion thread can be started: the instance completes it then."""
+        while not self._completer_stopping:
+            if not (next_due or self._completing or self._completions):
+                return False
+            if self._completer is None:
+                thread = threading.Thread(
+                    target=self._completer_loop, name=f"{self.name}-complete", daemon=True
+                )
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread to be had: completing inline still serves
+                    log.exception("starting the completion thread of model %s failed", self.name)
+                    return False
+                self._completer = thread
+            if len(self._completions) < self._completion_backlog:
+                return True
+            self._completion_room.wait()
+        return False
 
     def _completer_loop(self) -> None:
-        failures = 0
         while True:
             try:
                 if not self._completer_step():
                     return
-                failures = 0
-            # A dead completion thread would leave every batch handed over unanswered.
+            # A dead completion thread would leave every batch handed over unanswered. No pause after a failure:
+            # each one ended one batch (answered with a 500), and batches of every instance wait behind it.
             except Exception as exc:
-                failures += 1
                 self._thread_errors.record(
                     exc, f"a completion of model '{self.name}' failed; the completion thread goes on"
                 )
-                self._pause_after_error(failures)
 
     def _completer_step(self) -> bool:
         """Completes the oldest handed-over batch, or waits for one. False once stopping with none left."""
@@ -676,6 +705,7 @@ class DynamicBatcher:
                 self._completion_ready.wait()
             item = self._completions.popleft()
             self._completing = True
+            self._completion_room.notify()
         self._complete(*item)
         return True
 

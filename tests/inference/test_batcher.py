@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from inference import batcher as batcher_module
 from inference.batcher import BatchPolicy, DynamicBatcher, Pending, QueuePolicy
 from inference.errors import BackendError, InferenceError, QueueFull, RequestTimeout, ShuttingDown
 
@@ -565,3 +566,82 @@ def test_stop_returns_only_once_the_handed_over_batches_are_completed() -> None:
     stopper.join(5)
     assert not stopper.is_alive()
     assert [(p.payload, result) for p, result in delivered] == [("a", "a"), ("b", "b")]
+
+
+def test_an_instance_waits_while_its_completion_backlog_is_full() -> None:
+    hook = EndLog(hold="a")
+    ran: list[Any] = []
+    delivered: list[tuple[Pending, Any]] = []
+
+    def run(batch: list[Pending]) -> tuple[Sequence[Any], tuple[int, int, int]]:
+        ran.append(batch[0].payload)
+        return [p.payload for p in batch], (0, 0, 0)
+
+    b = one_at_a_time(hook, run, delivered.extend)
+    for name in "abcde":
+        b.enqueue(Pending(name))
+    b.start()
+    try:
+        # "a" is held in its completion; "b" and "c" wait behind it (the backlog of 2); "d" ran and its
+        # instance waits with it, so "e" stays queued.
+        wait_for(lambda: ran == ["a", "b", "c", "d"])
+        time.sleep(0.05)
+        assert ran == ["a", "b", "c", "d"] and b.queued == 1 and delivered == []
+        hook.release.set()
+        wait_for(lambda: len(delivered) == 5)
+    finally:
+        b.stop()
+    assert [p.payload for p, _ in delivered] == list("abcde")
+
+
+def test_without_a_completion_thread_to_be_had_the_instance_completes_its_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class NoCompletionThread(threading.Thread):
+        def start(self) -> None:
+            if self.name.endswith("-complete"):
+                raise RuntimeError("can't start new thread")
+            super().start()
+
+    monkeypatch.setattr(batcher_module.threading, "Thread", NoCompletionThread)
+    hook = EndLog()
+    delivered: list[tuple[Pending, Any]] = []
+    b = one_at_a_time(hook, lambda batch: ([p.payload for p in batch], (0, 0, 0)), delivered.extend)
+    for name in "abc":
+        b.enqueue(Pending(name))
+    b.start()
+    try:
+        wait_for(lambda: len(delivered) == 3)
+    finally:
+        b.stop()
+    assert [p.payload for p, _ in delivered] == list("abc")
+    assert hook.ended == [("a", "m-0"), ("b", "m-0"), ("c", "m-0")]
+
+
+def test_a_batch_ending_before_the_next_is_due_is_completed_on_its_instance_thread() -> None:
+    # Two requests queued, the smallest preferred size four: the next batch is not due, so the instance
+    # completes this one itself while the queue fills, rather than a thin batch going at once.
+    hook = EndLog()
+    delivered: list[tuple[Pending, Any]] = []
+
+    def run(batch: list[Pending]) -> tuple[Sequence[Any], tuple[int, int, int]]:
+        if batch[0].payload == 0:
+            b.enqueue(Pending("late-1"))
+            b.enqueue(Pending("late-2"))
+        return [p.payload for p in batch], (0, 0, 0)
+
+    b = DynamicBatcher(
+        "m",
+        policy(max_batch_size=8, preferred_batch_sizes=(4, 8), max_queue_delay_ns=20 * MS),
+        lambda i: run,
+        delivered.extend,
+        hooks=[hook],
+    )
+    for i in range(4):
+        b.enqueue(Pending(i))
+    b.start()
+    try:
+        wait_for(lambda: len(delivered) == 6)
+    finally:
+        b.stop()
+    assert hook.ended == [(0, "m-0"), ("late-1", "m-0")]
