@@ -320,7 +320,7 @@ class HeaderPlan:
     parameters: dict[str, Any]
     inputs: tuple[_BinaryInput, ...]
     datatypes: dict[str, str]
-    outputs: tuple[RequestedOutput, ...] | None
+    outputs: tuple[tuple[str, bool], ...] | None  # name, binary
     binary_output_all: bool
 
     def request(self, body: bytes) -> InferRequest:
@@ -333,7 +333,7 @@ class HeaderPlan:
             parameters=dict(self.parameters),
             inputs=inputs,
             datatypes=dict(self.datatypes),
-            outputs=None if self.outputs is None else list(self.outputs),
+            outputs=None if self.outputs is None else [RequestedOutput(n, b) for n, b in self.outputs],
             binary_output_all=self.binary_output_all,
         )
 
@@ -359,7 +359,7 @@ class RequestDecoder:
         return len(self._plans)
 
     def decode(self, body: bytes, header_length: int | None) -> InferRequest:
-        if header_length is None or header_length > self.max_header_bytes:
+        if header_length is None or header_length > self.max_header_bytes or header_length > len(body):
             return decode_request(body, header_length)
         key = (body[:header_length], len(body))
         plan = self._plans.get(key)
@@ -494,7 +494,7 @@ def _decode(body: bytes, header_length: int | None, planning: bool) -> tuple[Inf
         parameters=dict(params),
         inputs=tuple(planned),
         datatypes=dict(datatypes),
-        outputs=None if outputs is None else tuple(outputs),
+        outputs=None if outputs is None else tuple((o.name, o.binary) for o in outputs),
         binary_output_all=binary_all,
     )
     return req, plan

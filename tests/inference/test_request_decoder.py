@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from inference.errors import InvalidInput
@@ -52,6 +52,7 @@ def test_a_body_with_a_remembered_header_decodes_as_decode_request_decodes_it(b:
     size = len(b.body) - start
     other = b.body[:start] + (tail * (size // max(1, len(tail)) + 1))[:size] if tail else b.body
     assert len(other) == len(b.body)
+    event("the header has a plan" if len(decoder) else "the header has no plan")
     for _ in range(2):
         assert _outcome(decoder.decode, other, header_length) == _outcome(
             decode_request, other, header_length
@@ -82,7 +83,10 @@ def test_a_remembered_header_serves_each_body_its_own_data_in_arrays_of_their_ow
     assert len(decoder) == 1
     assert first.inputs["x"].tolist() == [[1, 2, 3, 4]] and second.inputs["x"].tolist() == [[5, 6, 7, 8]]
     second.parameters["changed"] = True  # a request's containers are its own, not the plan's
-    assert "changed" not in decoder.decode(body1, n).parameters
+    assert second.outputs is not None
+    second.outputs[0].binary = False
+    third = decoder.decode(body1, n)
+    assert "changed" not in third.parameters and third.outputs is not None and third.outputs[0].binary
 
 
 def test_bool_data_is_checked_on_every_body_even_with_a_remembered_header() -> None:
