@@ -6,19 +6,6 @@ runs it, and hands the results to ``deliver`` once per batch. The next batch for
 current one runs and starts the moment it ends, with no event-loop round trip: a hop through the
 event loop per batch would cost a wake-up on the serving path's busiest thread.
 
-Completing a batch (the hooks' ``end``: statistics, the ledger record; then ``deliver``) takes
-time the model could spend on the next batch. So when a batch ends with the next one already due
-(``BatchPolicy.due_rows`` queued: a preferred size, or whatever is queued without a delay), the
-instance thread hands the completion to the batcher's completion thread and starts the next batch
-at once. Otherwise it completes the batch itself: nothing would overlap, a thread wake-up is saved
-on the path to the answer, and the queue meanwhile grows towards a preferred size rather than a
-thin batch going at once (more batches for the same requests, where the event loop is the
-bottleneck). An instance's batches complete in
-the order they ended: it completes inline only while the completion thread has nothing waiting
-or running. At most ``COMPLETION_BACKLOG`` batches an instance wait to be completed: past it the
-instance waits too, so a completion slower than the model cannot let answers pile up behind the
-queue's limits.
-
 Triton's rules (``dynamic_batching`` in config.pbtxt), each unit-tested in
 tests/inference/test_batcher.py:
 
@@ -82,8 +69,6 @@ MAX_WAIT_S = 3600.0
 # failures repeat), so that a failure on every turn cannot spin a core.
 ERROR_PAUSE_S = 0.01
 ERROR_PAUSE_MAX_S = 1.0
-# Batches per instance that may wait for the completion thread before their instance waits with them.
-COMPLETION_BACKLOG = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +106,6 @@ class BatchPolicy:
 
     def policy_for(self, level: int) -> QueuePolicy:
         return self.queue_policies.get(level, self.default_queue_policy)
-
-    @property
-    def due_rows(self) -> int:
-        """Queued rows that make a batch go at once under Triton's rules, without waiting for the delay."""
-        if not self.dynamic or self.max_queue_delay_ns == 0:
-            return 1
-        return self.preferred_batch_sizes[0] if self.preferred_batch_sizes else max(1, self.max_batch_size)
 
     @property
     def max_preferred(self) -> int:
@@ -191,20 +169,13 @@ ExecuteFn = Callable[[list[Pending]], tuple[Sequence[Any], tuple[int, int, int]]
 DeliverFn = Callable[[list[tuple[Pending, Any]]], None]
 
 
-# A batch handed to the completion thread: instance index, batch, results, timing, error.
-Completion = tuple[int, list[Pending], Sequence[Any], BatchTiming, BaseException | None]
-
-
 class BatchHook(Protocol):
-    """Called around each executed batch, with the same ``batch`` list object for both calls.
+    """Called on the instance thread around each executed batch.
 
-    ``begin`` runs on the instance thread before the batch's start time is taken; ``end`` runs
-    after execution and before any answer is delivered, so what it records exists before the
-    client hears back, on the instance thread or on the batcher's completion thread (see the
-    module doc): an instance may ``begin`` its next batch before this one's ``end``, so a hook
-    keeps what it carries from ``begin`` to ``end`` per batch, not per instance. If ``end``
-    raises an InferenceError, every request of the batch is answered with it instead (a result
-    that cannot be recorded is not handed out).
+    ``begin`` runs before the batch's start time is taken; ``end`` runs after execution and
+    before any answer is delivered, so what it records exists before the client hears back.
+    If ``end`` raises an InferenceError, every request of the batch is answered with it
+    instead (a result that cannot be recorded is not handed out).
     """
 
     def begin(self, index: int, batch: list[Pending]) -> None: ...
@@ -264,17 +235,6 @@ class DynamicBatcher:
         self._stopped = threading.Event()  # set with _stopping; interrupts a pause after a failed iteration
         self._threads: list[threading.Thread] = []
         self._reaper: threading.Thread | None = None
-        # Completions handed over by instance threads, run in order by the completion thread. Locking rule:
-        # _completions, _completing, _completer and _completer_stopping are guarded by _completion_lock, which
-        # is never taken with _lock held.
-        self._completion_lock = threading.Lock()
-        self._completion_ready = threading.Condition(self._completion_lock)  # a completion handed over
-        self._completion_room = threading.Condition(self._completion_lock)  # the backlog went down
-        self._completion_backlog = COMPLETION_BACKLOG * self._instances
-        self._completions: deque[Completion] = deque()
-        self._completing = False  # the completion thread is running one
-        self._completer: threading.Thread | None = None
-        self._completer_stopping = False
         # A planner with the knob above 0, or with a latency objective and a grid state to lean on when the
         # grid is above its threshold (carbon-aware mode); otherwise none, and Triton's rules alone.
         wants_planner = policy.efficiency.enabled or (
@@ -317,14 +277,6 @@ class DynamicBatcher:
             self._reap.notify_all()
         for t in self._threads:
             t.join(timeout_s)
-        # The last batches' completions (their ledger records, their answers) run before stop returns.
-        with self._completion_lock:
-            self._completer_stopping = True
-            self._completion_ready.notify_all()
-            self._completion_room.notify_all()
-            completer = self._completer
-        if completer is not None:
-            completer.join(timeout_s)
         if self._reaper is not None:
             self._reaper.join(timeout_s)
         if leftovers:
@@ -590,6 +542,7 @@ class DynamicBatcher:
 
     def _run_batch(self, index: int, run: ExecuteFn, batch: list[Pending]) -> None:
         clock = self._clock
+        finishing = False
         try:
             for hook in self._hooks:
                 try:
@@ -622,29 +575,6 @@ class DynamicBatcher:
                 self.planner.batch_done(
                     sum(p.rows for p in batch), end - start, [end - p.enqueued_ns for p in batch], end
                 )
-            # Read without the lock: a stale count only picks the other thread.
-            next_due = self._queued_rows >= self.policy.due_rows
-        except Exception:
-            self._fail_batch(batch, False)
-            raise
-        with self._completion_lock:
-            if self._hand_over(next_due):
-                self._completions.append((index, batch, results, timing, error))
-                self._completion_ready.notify()
-                return
-        self._complete(index, batch, results, timing, error)
-
-    def _complete(
-        self,
-        index: int,
-        batch: list[Pending],
-        results: Sequence[Any],
-        timing: BatchTiming,
-        error: BaseException | None,
-    ) -> None:
-        """The hooks' ``end``, then the answers: on the instance thread or the completion thread."""
-        finishing = False
-        try:
             for hook in self._hooks:
                 try:
                     hook.end(index, batch, timing, error)
@@ -658,56 +588,6 @@ class DynamicBatcher:
         except Exception:
             self._fail_batch(batch, finishing)
             raise
-
-    def _hand_over(self, next_due: bool) -> bool:
-        """Whether a batch that just ended goes to the completion thread (_completion_lock held): when the next
-        batch is due at once, or earlier batches are still being completed there (then it must, to keep its
-        place).
-        Waits while the backlog is full. False once stop() has let the completion thread go (an instance
-        outlived its join) or when no completion thread can be started: the instance completes it then."""
-        while not self._completer_stopping:
-            if not (next_due or self._completing or self._completions):
-                return False
-            if self._completer is None:
-                thread = threading.Thread(
-                    target=self._completer_loop, name=f"{self.name}-complete", daemon=True
-                )
-                try:
-                    thread.start()
-                except RuntimeError:  # no thread to be had: completing inline still serves
-                    log.exception("starting the completion thread of model %s failed", self.name)
-                    return False
-                self._completer = thread
-            if len(self._completions) < self._completion_backlog:
-                return True
-            self._completion_room.wait()
-        return False
-
-    def _completer_loop(self) -> None:
-        while True:
-            try:
-                if not self._completer_step():
-                    return
-            # A dead completion thread would leave every batch handed over unanswered. No pause after a failure:
-            # each one ended one batch (answered with a 500), and batches of every instance wait behind it.
-            except Exception as exc:
-                self._thread_errors.record(
-                    exc, f"a completion of model '{self.name}' failed; the completion thread goes on"
-                )
-
-    def _completer_step(self) -> bool:
-        """Completes the oldest handed-over batch, or waits for one. False once stopping with none left."""
-        with self._completion_lock:
-            while not self._completions:
-                self._completing = False
-                if self._completer_stopping:
-                    return False
-                self._completion_ready.wait()
-            item = self._completions.popleft()
-            self._completing = True
-            self._completion_room.notify()
-        self._complete(*item)
-        return True
 
     def _fail_batch(self, batch: list[Pending], finishing: bool) -> None:
         """Answers a batch whose iteration failed with a 500, so that no client waits for it forever."""

@@ -129,7 +129,7 @@ class InferenceCore:
                 log.exception("stopping %s failed", type(service).__name__)
 
     def _deliver(self, items: list[tuple[Pending, Any]]) -> None:
-        # Called on the batcher's threads (instance, completion, reaper): one loop wake-up per batch.
+        # Called on instance threads: one loop wake-up per batch.
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(complete, items)

@@ -3,7 +3,7 @@ configuration, statistics, the repository index (KServe v2 / Triton JSON documen
 
 Transport-neutral: each function returns the document's bytes or raises the InferenceError that answers
 instead; the front end picks the status line and headers. Called on the event loop's thread; the counters
-read here are written by the batcher's threads, and stats.py reads them under each model's own lock.
+read here are written by the instance threads, and stats.py reads them under each model's own lock.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Per-request energy on the hot path: meters, the accountant per device, and the spool.
 
-Framework-free. The recorder is a batch hook: at a batch's end (on its instance thread, or the batcher's
-completion thread) it spools every executed batch and its requests (one ``os.write``) *before* any answer is
-delivered, hands the batch to its device's accountant, and stamps each request with its ledger id. A timer
-thread reads every meter about once a second (and batch ends read it too when the last reading is older
+Framework-free. The recorder is a batch hook: on the instance thread it spools every executed
+batch and its requests (one ``os.write``) *before* any answer is delivered, hands the batch to
+its device's accountant, and stamps each request with its ledger id. A timer thread reads
+every meter about once a second (and batch ends read it too when the last reading is older
 than ``boundary_min_interval_s``), closes intervals, and spools each interval, its idle line
 and each batch's share with its split over the batch's requests. Nothing here touches the
 database: the ledger writer drains the spool (ledger/writer.py).
@@ -257,7 +257,7 @@ class LedgerRecorder:
         if now_ns - dev.last_read_ns >= self.options.boundary_min_interval_s * 1e9:
             try:
                 self._read(dev)
-            except Exception as exc:  # at a batch's end: the batch is still recorded
+            except Exception as exc:  # at a batch's end, on its instance thread: the batch is still recorded
                 self._thread_errors.record(
                     exc,
                     f"reading the meter of {dev.device_id} at a batch's end failed; the next reading retries",
@@ -436,18 +436,16 @@ class _BatchHook:
         self.mv = mv
         self.device = device
         self.spec = mv.spec
-        # The batch id of each begun batch, begin -> end, by the batch list's identity: an instance may begin
-        # its next batch before this one ends (the batcher's completion thread), and the list lives until then.
-        self._current: dict[int, str] = {}
+        self._current: dict[int, str] = {}  # batch id per instance thread, begin -> end
 
     def begin(self, index: int, batch: list[Pending]) -> None:
         batch_id = self.recorder.new_batch_id()
-        self._current[id(batch)] = batch_id
+        self._current[index] = batch_id
         self.device.accountant.begin_batch(batch_id)
 
     def end(self, index: int, batch: list[Pending], timing: BatchTiming, error: BaseException | None) -> None:
         rec = self.recorder
-        batch_id = self._current.pop(id(batch))
+        batch_id = self._current.pop(index)
         spec = self.spec
         status = "ok" if error is None else "error"
         wall = rec.wall

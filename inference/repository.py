@@ -215,7 +215,7 @@ class ModelVersion:
 
 
 class _StatsHook:
-    """Triton's statistics, recorded once per batch at its end (instance or completion thread)."""
+    """Triton's statistics, recorded once per batch on the instance thread."""
 
     def __init__(self, stats: ModelStats) -> None:
         self.stats = stats

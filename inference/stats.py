@@ -1,6 +1,6 @@
 """Per model-version statistics in Triton's format, and Prometheus text with Triton's names.
 
-Batch-level counters are written only by the batcher's threads (under one lock per model), so
+Batch-level counters are written only by the instance threads (under one lock per model), so
 the event loop pays nothing per successful request.
 
 Latency histograms sit beside Triton's counters. Triton has no request, queue or compute histogram to copy
@@ -145,7 +145,7 @@ class ModelStats:
     ) -> None:
         """One executed batch of ``requests`` requests holding ``rows`` rows; ``request_each_ns`` and
         ``queue_each_ns``, each request's durations (summing to ``request_ns`` and ``queue_ns``), feed the
-        histograms. Called once per batch by the batcher's threads: a bucket lookup per request is all it adds."""
+        histograms. Called once per batch on its instance thread: a bucket lookup per request is all it adds."""
         with self._lock:
             self.last_inference_ms = int(time.time() * 1000)
             self.inference_count += rows

@@ -97,8 +97,7 @@ class _Steps:
 
 
 class _RegisterThread:
-    """A batch hook that counts the threads it runs on as serving (each once): the instance thread, and the
-    batcher's completion thread, which records and answers the batches it is handed."""
+    """A batch hook that counts the instance thread it runs on as serving (once)."""
 
     __slots__ = ("_threads",)
 
@@ -111,9 +110,7 @@ class _RegisterThread:
             self._threads.add(tid)
 
     def end(self, index: int, batch: Any, timing: Any, error: BaseException | None) -> None:
-        tid = threading.get_native_id()
-        if tid not in self._threads:
-            self._threads.add(tid)
+        pass
 
 
 class ServingCpu:

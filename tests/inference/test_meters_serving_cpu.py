@@ -230,19 +230,3 @@ def test_cancelling_timed_work_reaches_it_and_its_result_and_errors_pass_through
 
     asyncio.run(main())
     assert seen == ["cancelled"]
-
-
-def test_a_thread_that_only_ends_batches_counts_as_serving() -> None:
-    # The batcher's completion thread records and answers the batches it is handed: serving work.
-    cpu = ServingCpu()
-    hook = cpu.hook_for(None)
-    ids: list[int] = []
-
-    def completion() -> None:
-        hook.end(0, [], None, None)
-        ids.append(threading.get_native_id())
-
-    t = threading.Thread(target=completion)
-    t.start()
-    t.join()
-    assert cpu.serving_threads == set(ids)

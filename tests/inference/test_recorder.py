@@ -460,24 +460,3 @@ def test_a_gpu_model_is_charged_to_the_gpu_its_instance_group_names(tmp_path: Pa
     assert recorder.device_for(on_gpu).device_id == "GPU-fake-1"  # type: ignore[arg-type]
     assert recorder.device_for(default_gpu).device_id == "GPU-fake-0"  # type: ignore[arg-type]
     spool.close()
-
-
-def test_an_instance_s_next_batch_may_begin_before_its_last_one_ends_and_each_keeps_its_batch_id(
-    setup: Any,
-) -> None:
-    # The batcher's completion thread ends a batch while its instance already runs the next one.
-    _recorder, spool, clock, hook = setup
-    first, second = [call(), call()], [call()]
-    hook.begin(0, first)
-    clock[0] += 2_000_000
-    hook.begin(0, second)
-    hook.end(0, first, BatchTiming(clock[0] - 2_000_000, clock[0], 0, 2_000_000, 0), None)
-    clock[0] += 2_000_000
-    hook.end(0, second, BatchTiming(clock[0] - 2_000_000, clock[0], 0, 2_000_000, 0), None)
-    records = spooled(spool)
-    batches = [r for r in records if r["k"] == "batch"]
-    assert [b["requests"] for b in batches] == [2, 1]
-    assert batches[0]["batch_id"] != batches[1]["batch_id"]
-    for b, pendings in zip(batches, (first, second), strict=True):
-        ids = {r["request_id"] for r in records if r["k"] == "req" and r["batch_id"] == b["batch_id"]}
-        assert ids == {p.payload.ledger_id for p in pendings}

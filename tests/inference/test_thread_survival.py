@@ -393,36 +393,3 @@ def test_the_carbon_signal_thread_survives_a_failing_refresh_and_logs_it_once(
     assert len(logged) == 1, [r.getMessage() for r in logged]
     assert "carbon-aware signal" in logged[0].getMessage()
     assert errors.count("carbon-signal") == 10
-
-
-def test_the_completion_thread_that_fails_to_deliver_a_batch_answers_it_with_an_error_and_goes_on() -> None:
-    deliver = Recorder()
-    calls = [0]
-    first, second, third = Pending("first"), Pending("second"), Pending("third")
-
-    def deliver_failing_once(items: list[tuple[Pending, Any]]) -> None:
-        calls[0] += 1
-        if calls[0] == 1:
-            raise RuntimeError("injected delivery failure")
-        deliver(items)
-
-    def run(batch: list[Pending]) -> tuple[Sequence[Any], tuple[int, int, int]]:
-        if batch[0] is first:
-            wait_for(lambda: b.queued == 1)  # "second" is queued as "first" ends: handed over
-        return [f"ok:{p.payload}" for p in batch], (0, 0, 0)
-
-    policy = BatchPolicy(max_batch_size=1, preferred_batch_sizes=(1,), max_queue_delay_ns=0)
-    b = DynamicBatcher("completing", policy, lambda i: run, deliver_failing_once)
-    b.start()
-    try:
-        b.enqueue(first)
-        b.enqueue(second)
-        wait_for(lambda: deliver.result_of(second) is not None)
-        result = deliver.result_of(first)
-        assert isinstance(result, InferenceError) and result.status == 500
-        assert deliver.result_of(second) == "ok:second"
-        assert thread_errors("completing-complete") == 1
-        b.enqueue(third)
-        wait_for(lambda: deliver.result_of(third) == "ok:third")
-    finally:
-        b.stop()
