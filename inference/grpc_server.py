@@ -1,5 +1,5 @@
 """The KServe v2 gRPC front end: ``inference.GRPCInferenceService``, as Triton serves it, on the gateway's
-event loop (grpc.aio).
+event loop, over our own HTTP/2 transport (grpc_h2.py).
 
 Same core, same answers as the HTTP front end (gateway.py): the API key (``authorization: Bearer <key>``
 metadata) and its ``infer`` scope are checked by ``InferenceCore.authenticate``, the metadata documents come
@@ -9,44 +9,41 @@ the answer carries ``ledger_id`` (and ``variant``) in its parameters. Errors are
 ``InferenceError``s, given the gRPC status Triton gives the same error (``grpc_status``).
 
 Why on the event loop: the core and its key cache live on the event loop's thread (core.py), and a batch's
-results arrive there in one wake-up. grpc.aio runs each call as a task on that loop, so an infer call costs
-one task and one future; a grpc thread-pool server would hop to the loop and back for every call
-(``run_coroutine_threadsafe``), adding two thread switches and their GIL hand-overs per request.
+results arrive there in one wake-up. An infer call whose key the cache knows costs no task and no future: it is
+queued from the connection's ``data_received`` and answered from the batch's completion callback, as the
+HTTP/1.1 protocol serves its infer requests. Only calls that must await (a key store lookup, the non-infer
+calls) run as tasks.
 
-Where a request's CPU goes (perf_analyzer -i grpc on ``linear``, 2 cores, December 2026): grpc.aio's own work
-per call (three tasks, four completion-queue events each handed from its poller thread to the loop) cost about
-175 µs of CPU for a handler that only returns canned bytes, 125 µs of it on the loop's thread; a sync
-``grpc.server`` with a thread pool measured 150-230 µs for the same, before any hand-over to the loop, so it
-would not pay. What is ours is kept small: the key cache is asked without a coroutine, a request is decoded
-without checking what it does not carry, and the answer's bytes are written by grpc_codec.py, not built from
-protobuf messages.
+Why not grpc.aio, which served here before: its own work per call (three tasks, four completion-queue events
+each handed from its poller thread to the loop) cost about 175 µs of CPU for a handler that only returns canned
+bytes; grpc_h2.py costs about 40 µs for the same (bench/README.md).
 
-Requests arrive as bytes and are parsed here, not by grpc's deserializer: a message that is not protobuf is
-then answered INVALID_ARGUMENT naming the problem, where grpc would answer INTERNAL. Methods this server does
-not serve (shared memory, model load and unload, trace and log settings) are answered UNIMPLEMENTED by grpc.
+Requests arrive as bytes and are parsed here: a message that is not protobuf is answered INVALID_ARGUMENT
+naming the problem. Methods this server does not serve (shared memory, model load and unload, trace and log
+settings) are answered UNIMPLEMENTED.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any
 
-import grpc
 import orjson
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
+from inference import grpc_h2 as h2
 from inference import metadata
 from inference.batcher import Pending
 from inference.core import InferenceCore
 from inference.errors import InferenceError, InvalidInput, QueueFull, Unauthorized
 from inference.grpc_codec import decode_infer_request, encode_infer_response, encode_stream_response
+from inference.grpc_h2 import Call, GrpcServer, Method
 from inference.keys import KeyLookup, Principal
 from inference.repository import ModelVersion
 
@@ -58,17 +55,17 @@ SERVICE = "inference.GRPCInferenceService"
 # (src/grpc/grpc_utils.cc: INVALID_ARG, NOT_FOUND, UNAVAILABLE, INTERNAL...). Keys and scopes, which Triton
 # does not check, get gRPC's own codes; a queue at max_queue_size is UNAVAILABLE in Triton ("Exceeds maximum
 # queue size"), here too; a message over the size limit is RESOURCE_EXHAUSTED, as grpc itself answers one.
-GRPC_STATUS: dict[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    405: grpc.StatusCode.UNIMPLEMENTED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    429: grpc.StatusCode.UNAVAILABLE,
-    499: grpc.StatusCode.CANCELLED,
-    500: grpc.StatusCode.INTERNAL,
-    503: grpc.StatusCode.UNAVAILABLE,
+GRPC_STATUS: dict[int, int] = {
+    400: h2.INVALID_ARGUMENT,
+    401: h2.UNAUTHENTICATED,
+    403: h2.PERMISSION_DENIED,
+    404: h2.NOT_FOUND,
+    405: h2.UNIMPLEMENTED,
+    413: h2.RESOURCE_EXHAUSTED,
+    429: h2.UNAVAILABLE,
+    499: h2.CANCELLED,
+    500: h2.INTERNAL,
+    503: h2.UNAVAILABLE,
 }
 # An error's message travels in the grpc-message trailer, which clients cap (8 KiB by default, and a longer
 # one fails the call): a message echoing a client's huge field is cut here.
@@ -83,11 +80,12 @@ STOP_GRACE_S = 5.0
 _MISSING_KEY = "missing API key: send the metadata 'authorization: Bearer <key>'"
 
 
-def grpc_status(exc: InferenceError) -> grpc.StatusCode:
+def grpc_status(exc: InferenceError) -> int:
+    """The gRPC status code (an int, as grpc-status carries it) of an error."""
     code = GRPC_STATUS.get(exc.status)
     if code is not None:
         return code
-    return grpc.StatusCode.INVALID_ARGUMENT if 400 <= exc.status < 500 else grpc.StatusCode.INTERNAL
+    return h2.INVALID_ARGUMENT if 400 <= exc.status < 500 else h2.INTERNAL
 
 
 def _details(message: str) -> str:
@@ -100,14 +98,11 @@ def _trailers(exc: InferenceError) -> tuple[tuple[str, str], ...]:
     return ()
 
 
-def _authorization(context: Any) -> bytes | None:
+def _authorization(call: Call) -> bytes | None:
     """The ``authorization`` metadata value, as the HTTP header's bytes (whitespace around it dropped: a client
     splitting ``Name: value`` itself may keep the space)."""
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization":
-            text = value if isinstance(value, str) else value.decode("latin-1")
-            return text.strip().encode("utf-8")
-    return None
+    value = call.header(b"authorization")
+    return value.strip() if value is not None else None
 
 
 def _parse(message_type: Any, raw: bytes) -> Any:
@@ -137,34 +132,27 @@ class GrpcFrontEnd:
         self.max_message_bytes = max_message_bytes
         self.max_metadata_bytes = max_metadata_bytes
         self.port: int | None = None
-        self._server: grpc.aio.Server | None = None
+        self._server: GrpcServer | None = None
+        self._tasks: set[asyncio.Task[None]] = (
+            set()
+        )  # calls that wait on a coroutine (non-infer, key lookups)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (port 0: any free one); returns the port. Raises OSError when it cannot bind."""
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", self.max_message_bytes),
-                ("grpc.max_send_message_length", -1),
-                # Both limits: past the soft one grpc refuses a growing share of calls, past the hard one all.
-                ("grpc.max_metadata_size", self.max_metadata_bytes),
-                ("grpc.absolute_max_metadata_size", self.max_metadata_bytes),
-                # grpc binds with SO_REUSEPORT by default: a second server on the same port would then share
-                # its connections silently instead of failing to start.
-                ("grpc.so_reuseport", 0),
-            ]
+        server = GrpcServer(
+            self._methods(),
+            max_message_bytes=self.max_message_bytes,
+            max_metadata_bytes=self.max_metadata_bytes,
         )
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, self._handlers()),))
-        address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
         try:
-            bound = int(server.add_insecure_port(address))
-        except RuntimeError as exc:
-            raise OSError(f"cannot listen for gRPC on {address}: {exc} (is the port in use?)") from None
-        await server.start()
+            bound = await server.start(host, port)
+        except OSError as exc:
+            raise OSError(f"cannot listen for gRPC on {host}:{port}: {exc} (is the port in use?)") from None
         self._server = server
         self.port = bound
-        log.info("KServe v2 gRPC listening on %s", address.rsplit(":", 1)[0] + f":{bound}")
+        log.info("KServe v2 gRPC listening on %s:%d", host, bound)
         return bound
 
     async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
@@ -172,12 +160,14 @@ class GrpcFrontEnd:
         server, self._server = self._server, None
         if server is not None:
             await server.stop(grace_s)
+        for task in list(self._tasks):
+            task.cancel()
 
-    def _handlers(self) -> dict[str, grpc.RpcMethodHandler]:
-        unary = grpc.unary_unary_rpc_method_handler
-        handlers: dict[str, grpc.RpcMethodHandler] = {
-            "ModelInfer": unary(self._model_infer),
-            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self._model_stream_infer),
+    def _methods(self) -> dict[str, Method]:
+        prefix = f"/{SERVICE}/"
+        methods: dict[str, Method] = {
+            prefix + "ModelInfer": Method(self._model_infer),
+            prefix + "ModelStreamInfer": Method(self._model_stream_infer, streaming=True),
         }
         for name, message_type, call in (
             ("ServerLive", pb.ServerLiveRequest, self._server_live),
@@ -189,8 +179,13 @@ class GrpcFrontEnd:
             ("ModelStatistics", pb.ModelStatisticsRequest, self._model_statistics),
             ("RepositoryIndex", pb.RepositoryIndexRequest, self._repository_index),
         ):
-            handlers[name] = unary(partial(self._unary, message_type, call))
-        return handlers
+            methods[prefix + name] = Method(partial(self._unary, message_type, call))
+        return methods
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _cached_principal(self, authorization: bytes | None) -> Principal | KeyLookup | None:
         """``InferenceCore.cached_principal``, its message for a missing key naming the gRPC metadata."""
@@ -209,33 +204,35 @@ class GrpcFrontEnd:
                 raise Unauthorized(_MISSING_KEY) from None
             raise
 
-    async def _authorize(self, context: Any) -> Principal | None:
-        return await self._authenticate(_authorization(context))
+    async def _authorize(self, call: Call) -> Principal | None:
+        return await self._authenticate(_authorization(call))
 
     # -- the non-infer calls -----------------------------------------------------------------
 
-    async def _unary(self, message_type: Any, call: Handler, raw: bytes, context: Any) -> bytes:
+    def _unary(self, message_type: Any, handler: Handler, call: Call, raw: bytes | None) -> None:
+        self._spawn(self._unary_call(message_type, handler, call, raw or b""))
+
+    async def _unary_call(self, message_type: Any, handler: Handler, call: Call, raw: bytes) -> None:
         try:
-            response = await call(_parse(message_type, raw), context)
-            answer: bytes = response.SerializeToString()
-            return answer
+            response = await handler(_parse(message_type, raw), call)
+            call.reply(response.SerializeToString())
+            return
         except InferenceError as exc:
             error = exc
         except Exception:
             log.exception("gRPC %s failed", message_type.DESCRIPTOR.name)
             error = InferenceError("internal error", 500)
-        await context.abort(grpc_status(error), _details(error.message), _trailers(error))
-        raise AssertionError("unreachable: abort raises")
+        _fail(call, error)
 
-    async def _server_live(self, request: Any, context: Any) -> Any:
+    async def _server_live(self, request: Any, call: Call) -> Any:
         return pb.ServerLiveResponse(live=True)
 
-    async def _server_ready(self, request: Any, context: Any) -> Any:
+    async def _server_ready(self, request: Any, call: Call) -> Any:
         # Like /v2/health/ready: no key needed, for probes.
         return pb.ServerReadyResponse(ready=metadata.server_ready(self.core.repository, self.core.started))
 
-    async def _model_ready(self, request: Any, context: Any) -> Any:
-        await self._authorize(context)
+    async def _model_ready(self, request: Any, call: Call) -> Any:
+        await self._authorize(call)
         try:
             metadata.check_model_ready(self.core.repository, request.name, request.version or None)
         except InferenceError as exc:
@@ -246,31 +243,31 @@ class GrpcFrontEnd:
             )  # Triton: unknown or not ready is ready=false, not an error
         return pb.ModelReadyResponse(ready=True)
 
-    async def _server_metadata(self, request: Any, context: Any) -> Any:
-        await self._authorize(context)
+    async def _server_metadata(self, request: Any, call: Call) -> Any:
+        await self._authorize(call)
         return pb.ServerMetadataResponse(
             name=metadata.SERVER_NAME, version=metadata.SERVER_VERSION, extensions=metadata.EXTENSIONS
         )
 
-    async def _model_metadata(self, request: Any, context: Any) -> Any:
-        await self._authorize(context)
+    async def _model_metadata(self, request: Any, call: Call) -> Any:
+        await self._authorize(call)
         document = metadata.model_metadata(self.core.repository, request.name, request.version or None)
         return _from_json(document, pb.ModelMetadataResponse())
 
-    async def _model_config(self, request: Any, context: Any) -> Any:
-        await self._authorize(context)
+    async def _model_config(self, request: Any, call: Call) -> Any:
+        await self._authorize(call)
         document = metadata.model_config(self.core.repository, request.name, request.version or None)
         response = pb.ModelConfigResponse()
         _from_json(document, response.config)
         return response
 
-    async def _model_statistics(self, request: Any, context: Any) -> Any:
-        await self._authorize(context)
+    async def _model_statistics(self, request: Any, call: Call) -> Any:
+        await self._authorize(call)
         document = metadata.statistics(self.core.repository, request.name or None, request.version or None)
         return _from_json(document, pb.ModelStatisticsResponse())
 
-    async def _repository_index(self, request: Any, context: Any) -> Any:
-        await self._authorize(context)
+    async def _repository_index(self, request: Any, call: Call) -> Any:
+        await self._authorize(call)
         rows = orjson.loads(metadata.repository_index(self.core.repository))
         if request.ready:
             rows = [row for row in rows if row.get("state") == "READY"]
@@ -278,9 +275,7 @@ class GrpcFrontEnd:
 
     # -- infer -------------------------------------------------------------------------------
 
-    def _accept(
-        self, raw: bytes, principal: Principal | None, received: int, future: Any
-    ) -> tuple[ModelVersion, Pending]:
+    def _accept(self, raw: bytes, principal: Principal | None, received: int) -> tuple[ModelVersion, Pending]:
         """Parse, decode and hand one infer request to the core; raises the InferenceError that refuses it."""
         core = self.core
         msg = _parse(pb.ModelInferRequest, raw)
@@ -290,7 +285,7 @@ class GrpcFrontEnd:
         except InferenceError:
             mv.stats.record_failure("OTHER", time.monotonic_ns() - received)
             raise
-        return mv, core.submit_request(mv, req, principal, received, future)
+        return mv, core.submit_request(mv, req, principal, received, None)
 
     def _answer(self, mv: ModelVersion, pending: Pending, result: Any, final_response: bool = False) -> bytes:
         chosen, params = self.core.answer_parts(mv, pending, result)
@@ -303,94 +298,126 @@ class GrpcFrontEnd:
             final_response=final_response,
         )
 
-    async def _model_infer(self, raw: bytes, context: Any) -> bytes:
+    def _model_infer(self, call: Call, raw: bytes | None) -> None:
+        """A unary infer call, served without a task when the key cache knows its key: the request is queued
+        here and answered from the batch's completion (``_infer_done``)."""
         received = time.monotonic_ns()
-        core = self.core
         try:
-            # The key cache answers almost every call: the key store only on a miss (a coroutine to await).
-            authorization = _authorization(context)
+            authorization = _authorization(call)
             principal = self._cached_principal(authorization)
-            if isinstance(principal, KeyLookup):
-                principal = await self._authenticate(authorization)
-            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            mv, pending = self._accept(raw, principal, received, future)
-            payload = self._answer(mv, pending, await future)
         except InferenceError as exc:
-            error = exc
+            _fail(call, exc)
+            return
+        if isinstance(principal, KeyLookup):  # the key store must answer: a coroutine
+            self._spawn(self._infer_after_lookup(call, raw or b"", authorization, received))
+            return
+        self._submit(call, raw or b"", principal, received)
+
+    async def _infer_after_lookup(
+        self, call: Call, raw: bytes, authorization: bytes | None, received: int
+    ) -> None:
+        try:
+            principal = await self._authenticate(authorization)
+        except InferenceError as exc:
+            _fail(call, exc)
+            return
+        if not call.done:
+            self._submit(call, raw, principal, received)
+
+    def _submit(self, call: Call, raw: bytes, principal: Principal | None, received: int) -> None:
+        try:
+            mv, pending = self._accept(raw, principal, received)
+        except InferenceError as exc:
+            _fail(call, exc)
+            return
         except Exception:
             log.exception("a gRPC infer request failed")
-            error = InferenceError("internal error while serving the request", 500)
-        else:
-            core.response_sent(mv, pending, received)
-            return payload
-        await context.abort(grpc_status(error), _details(error.message), _trailers(error))
-        raise AssertionError("unreachable: abort raises")
+            _fail(call, InferenceError("internal error while accepting the request", 500))
+            return
+        # Results are delivered on this (the loop's) thread by core.complete, so on_done is set in time.
+        pending.payload.on_done = partial(self._infer_done, call, mv, pending, received)
 
-    async def _model_stream_infer(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+    def _infer_done(self, call: Call, mv: ModelVersion, pending: Pending, received: int, result: Any) -> None:
+        if call.done:  # cancelled by the client, or past its deadline
+            return
+        try:
+            payload = self._answer(mv, pending, result)
+        except InferenceError as exc:
+            _fail(call, exc)
+            return
+        except Exception:
+            log.exception("encoding a gRPC answer of model '%s' failed", mv.spec.name)
+            _fail(call, InferenceError("internal error while encoding the response", 500))
+            return
+        call.reply(payload)
+        self.core.response_sent(mv, pending, received)
+
+    def _model_stream_infer(self, call: Call, raw: bytes | None) -> None:
         """Every request of the stream is answered on it, in the order the answers are ready (each carries its
         request's id); a refused request is answered with ``error_message`` and the stream goes on, as in
         Triton. A bad key ends the stream."""
+        authorization = _authorization(call)
         try:
-            principal = await self._authorize(context)
+            principal = self._cached_principal(authorization)
         except InferenceError as exc:
-            # The client's first message is taken (or the stream's end, or a few seconds) before the stream ends:
-            # ended while that message was still being sent, the client would see an INTERNAL error of its own
-            # send instead of this status.
-            with contextlib.suppress(StopAsyncIteration, TimeoutError, grpc.RpcError):
-                await asyncio.wait_for(anext(aiter(requests)), REFUSED_STREAM_READ_S)
-            await context.abort(grpc_status(exc), _details(exc.message), _trailers(exc))
+            self._refuse_stream(call, exc)
             return
-        stream = _Stream()
-        reader = asyncio.get_running_loop().create_task(self._read_stream(requests, principal, stream))
-        written = 0
-        try:
-            while not stream.closed or written < stream.read:
-                answer = await stream.answers.get()
-                if answer is None:  # the client sent its last request
-                    stream.closed = True
-                    continue
-                written += 1
-                stream.window.release()
-                yield answer
-        finally:
-            reader.cancel()
+        if isinstance(principal, KeyLookup):
+            call.pause()  # messages wait (and the client's window with them) until the key is known
+            self._spawn(self._stream_after_lookup(call, authorization))
+            return
+        self._open_stream(call, principal)
 
-    async def _read_stream(
-        self, requests: AsyncIterator[bytes], principal: Principal | None, stream: _Stream
-    ) -> None:
+    async def _stream_after_lookup(self, call: Call, authorization: bytes | None) -> None:
         try:
-            async for raw in requests:
-                await stream.window.acquire()
-                stream.read += 1
-                self._stream_one(raw, principal, stream.answers)
-        finally:
-            stream.answers.put_nowait(None)
-
-    def _stream_one(
-        self, raw: bytes, principal: Principal | None, answers: asyncio.Queue[bytes | None]
-    ) -> None:
-        received = time.monotonic_ns()
-        try:
-            mv, pending = self._accept(raw, principal, received, None)
+            principal = await self._authenticate(authorization)
         except InferenceError as exc:
-            answers.put_nowait(_stream_error(exc))
+            self._refuse_stream(call, exc)
+            return
+        self._open_stream(call, principal)
+        call.resume()
+
+    def _refuse_stream(self, call: Call, exc: InferenceError) -> None:
+        # The status is sent once the client's first message (or the end of its stream) arrives, or after a few
+        # seconds: a stream ended while its first message was still being sent shows the client an INTERNAL
+        # error of its own send instead of this status.
+        timer = asyncio.get_running_loop().call_later(REFUSED_STREAM_READ_S, _fail, call, exc)
+
+        def refuse(*_: Any) -> None:
+            timer.cancel()
+            _fail(call, exc)
+
+        call.on_message = refuse
+        call.on_end = refuse
+        call.on_cancel = timer.cancel
+        call.resume()
+
+    def _open_stream(self, call: Call, principal: Principal | None) -> None:
+        stream = _Stream(call)
+        call.on_message = partial(self._stream_one, stream, principal)
+        call.on_end = partial(self._stream_end, stream)
+
+    def _stream_one(self, stream: _Stream, principal: Principal | None, raw: bytes) -> None:
+        received = time.monotonic_ns()
+        stream.due += 1
+        if stream.due >= STREAM_WINDOW:
+            stream.call.pause()
+        try:
+            mv, pending = self._accept(raw, principal, received)
+        except InferenceError as exc:
+            self._stream_answer(stream, _stream_error(exc))
             return
         except Exception:
             log.exception("a gRPC stream infer request failed")
-            answers.put_nowait(
-                _stream_error(InferenceError("internal error while accepting the request", 500))
+            self._stream_answer(
+                stream, _stream_error(InferenceError("internal error while accepting the request", 500))
             )
             return
         # Results are delivered on this (the loop's) thread by core.complete, so on_done is set in time.
-        pending.payload.on_done = partial(self._stream_done, mv, pending, answers, received)
+        pending.payload.on_done = partial(self._stream_done, stream, mv, pending, received)
 
     def _stream_done(
-        self,
-        mv: ModelVersion,
-        pending: Pending,
-        answers: asyncio.Queue[bytes | None],
-        received: int,
-        result: Any,
+        self, stream: _Stream, mv: ModelVersion, pending: Pending, received: int, result: Any
     ) -> None:
         try:
             # Triton flags the last response of a request (here the only one) when the client asks for it, as
@@ -398,29 +425,46 @@ class GrpcFrontEnd:
             final = pending.payload.request.parameters.get("triton_enable_empty_final_response") is True
             answer = encode_stream_response(self._answer(mv, pending, result, final))
         except InferenceError as exc:
-            answers.put_nowait(_stream_error(exc))
-            return
+            answer = _stream_error(exc)
         except Exception:
             log.exception("encoding a gRPC stream answer of model '%s' failed", mv.spec.name)
-            answers.put_nowait(
-                _stream_error(InferenceError("internal error while encoding the response", 500))
-            )
+            answer = _stream_error(InferenceError("internal error while encoding the response", 500))
+        else:
+            self._stream_answer(stream, answer)
+            self.core.response_sent(mv, pending, received)
             return
-        answers.put_nowait(answer)
-        self.core.response_sent(mv, pending, received)
+        self._stream_answer(stream, answer)
+
+    def _stream_answer(self, stream: _Stream, answer: bytes) -> None:
+        call = stream.call
+        call.send(answer)
+        stream.due -= 1
+        if stream.ended and stream.due == 0:
+            call.finish()
+        elif stream.due < STREAM_WINDOW:
+            call.resume()
+
+    def _stream_end(self, stream: _Stream) -> None:
+        stream.ended = True
+        if stream.due == 0:
+            stream.call.finish()
 
 
 class _Stream:
-    """One ModelStreamInfer call: the answers ready to write (None once the client sent its last request), how
-    many requests were read, and the window that pauses reading while STREAM_WINDOW answers are due."""
+    """One ModelStreamInfer call: its answers still due, and whether the client sent its last request. Reading
+    the stream pauses while STREAM_WINDOW answers are due, so that a client that never reads its answers cannot
+    make the server hold an unbounded backlog."""
 
-    __slots__ = ("answers", "closed", "read", "window")
+    __slots__ = ("call", "due", "ended")
 
-    def __init__(self) -> None:
-        self.answers: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self.window = asyncio.Semaphore(STREAM_WINDOW)
-        self.read = 0
-        self.closed = False
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.due = 0
+        self.ended = False
+
+
+def _fail(call: Call, exc: InferenceError) -> None:
+    call.fail(grpc_status(exc), _details(exc.message), _trailers(exc))
 
 
 def _stream_error(exc: InferenceError) -> bytes:
