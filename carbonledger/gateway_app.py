@@ -370,6 +370,10 @@ class LedgerGateway(Gateway):
                 self.core,
                 max_message_bytes=settings.GATEWAY_MAX_BODY_BYTES,
                 max_metadata_bytes=settings.GATEWAY_MAX_HEADER_BYTES,
+                # The HTTP port's limits, counted apart: a client gets as many connections on each.
+                max_connections=settings.GATEWAY_MAX_CONNECTIONS,
+                header_timeout_s=settings.GATEWAY_HEADER_TIMEOUT_S,
+                body_timeout_s=settings.GATEWAY_BODY_TIMEOUT_S,
             )
 
     async def startup(self) -> None:

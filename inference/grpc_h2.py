@@ -25,6 +25,13 @@ is inflated (gzip, deflate) only up to ``max_message_bytes``; an unknown ``grpc-
 content type that is not gRPC is HTTP 415. ``grpc-timeout`` is honoured: DEADLINE_EXCEEDED when the answer is
 not written in time.
 
+Slow and greedy clients (the HTTP/1.1 protocol's settings, passed in): beyond ``max_connections`` a new
+connection gets GOAWAY and is closed; a connection must send its preface within ``header_timeout_s``, a header
+block or a frame once begun must be whole within ``header_timeout_s`` / ``body_timeout_s``, and a unary call's
+request message within ``body_timeout_s`` of its headers (DEADLINE_EXCEEDED), or the connection (the call) is
+ended. One sweep a second times them all, so the request path reads no clock but the one a call starts with.
+Streaming calls may last as long as the client likes.
+
 Flow control: what a client may send is bounded by the windows this side grants. A stream's window is granted
 again as its data arrives while the connection holds less than ``buffer_bytes`` of messages not yet handed to a
 handler, and (streaming calls) while its handler has not paused it; so a client that sends faster than the
@@ -102,6 +109,7 @@ MAX_CONCURRENT_STREAMS = 1024
 MAX_HEADER_BLOCK_BYTES = 1 << 20
 # Header blocks of indexed fields only remembered with what they decode to, per connection.
 MAX_REMEMBERED_BLOCKS = 64
+SWEEP_S = 1.0
 
 _U32 = struct.Struct(">I")
 _SETTING = struct.Struct(">HI")
@@ -197,6 +205,7 @@ class Call:
         "out",
         "recv_window",
         "send_window",
+        "started",
         "stream_id",
         "trailers",
     )
@@ -205,6 +214,7 @@ class Call:
         self, conn: GrpcConnection, stream_id: int, method: str, metadata: list[tuple[bytes, bytes]]
     ) -> None:
         self._conn = conn
+        self.started = time.monotonic()
         self.stream_id = stream_id
         self.method = method
         self.metadata = metadata
@@ -310,12 +320,22 @@ class GrpcConnection(asyncio.Protocol):
         self._blocked: dict[int, Call] = {}  # calls with DATA waiting for a window
         self._out: list[bytes] = []  # frames to write at the end of this read
         self._reading = False  # inside data_received: answers leave with the frames of the same read
+        self._opened = 0.0
+        self._partial_since = 0.0  # when the bytes of an unfinished frame or header block began to wait
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self._opened = time.monotonic()
+        if len(self.server.connections) >= self.server.max_connections:
+            log.warning("gRPC connection refused: %d open, the limit", len(self.server.connections))
+            transport.write(
+                frame(GOAWAY, 0, 0, _U32.pack(0) + _U32.pack(ENHANCE_YOUR_CALM) + b"too many connections")
+            )
+            transport.close()
+            return
         self.server.connections.add(self)
         settings = (
             _SETTING.pack(SETTINGS_MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS)
@@ -366,6 +386,7 @@ class GrpcConnection(asyncio.Protocol):
             if not buf.startswith(PREFACE):
                 self._close()
                 return
+            self._partial_since = 0.0
             buf = buf[len(PREFACE) :]
             self._preface = True
         pos = 0
@@ -388,7 +409,14 @@ class GrpcConnection(asyncio.Protocol):
         except _ConnectionError as exc:
             self._goaway(exc.code, exc.message)
             return
-        self._buf = buf[pos:] if pos < end else b""
+        if pos < end:
+            if not self._buf or pos:
+                self._partial_since = time.monotonic()
+            self._buf = buf[pos:]
+        else:
+            self._buf = b""
+            if self._header_block is None:
+                self._partial_since = 0.0
 
     # -- frames in ---------------------------------------------------------------------------
 
@@ -410,6 +438,7 @@ class GrpcConnection(asyncio.Protocol):
                 self._headers(stream_id, flags, payload)
             else:
                 self._header_block = bytearray(payload)
+                self._partial_since = self._partial_since or time.monotonic()
         elif kind == CONTINUATION:
             block = self._header_block
             if block is None or stream_id != self._header_stream:
@@ -909,6 +938,34 @@ class GrpcConnection(asyncio.Protocol):
         self._flush()
         self._close()
 
+    def swept(self, now: float) -> None:
+        """Ends what waits on the client past its time-out (see the module's docstring)."""
+        server = self.server
+        if not self._preface:
+            if now - self._opened > server.header_timeout_s:
+                log.info("gRPC connection closed: no HTTP/2 preface within %.0f s", server.header_timeout_s)
+                self._close()
+            return
+        if self._partial_since:
+            limit = server.header_timeout_s if self._header_block is not None else server.body_timeout_s
+            if now - self._partial_since > limit:
+                self._goaway(ENHANCE_YOUR_CALM, f"a frame unfinished after {limit:.0f} s")
+                return
+        for call in list(self.calls.values()):
+            if (
+                call._unary
+                and not call.half_closed
+                and not call.done
+                and now - call.started > server.body_timeout_s
+            ):
+                call.fail(
+                    DEADLINE_EXCEEDED,
+                    f"the request message did not arrive within {server.body_timeout_s:.0f} s of its headers",
+                )
+                if call.on_cancel is not None:
+                    self._guarded(call.on_cancel, call)
+        self._flush()
+
     def close_after_flush(self) -> None:
         self._flush()
         self._close()
@@ -966,8 +1023,14 @@ class GrpcServer:
         max_message_bytes: int,
         max_metadata_bytes: int,
         buffer_bytes: int | None = None,
+        max_connections: int = 1000,
+        header_timeout_s: float = 10.0,
+        body_timeout_s: float = 60.0,
     ) -> None:
         self.methods = methods
+        self.max_connections = max_connections
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
         self.max_message_bytes = max_message_bytes
         self.max_metadata_bytes = max_metadata_bytes
         # Request bytes a connection may hold before the client's window stops being granted: room for one
@@ -979,6 +1042,7 @@ class GrpcServer:
         self.closing = False
         self._server: asyncio.AbstractServer | None = None
         self._idle: asyncio.Event | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
 
     def protocol(self) -> GrpcConnection:
         return GrpcConnection(self)
@@ -986,6 +1050,7 @@ class GrpcServer:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self.protocol, host, port, reuse_address=True)
+        self._sweeper = loop.call_later(SWEEP_S, self._sweep)
         sockets = self._server.sockets
         return int(sockets[0].getsockname()[1]) if sockets else port
 
@@ -997,6 +1062,9 @@ class GrpcServer:
             return
         self.closing = True
         server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         self._idle = asyncio.Event()
         for conn in list(self.connections):
             conn.goaway()
@@ -1009,6 +1077,17 @@ class GrpcServer:
                 break
         for conn in list(self.connections):
             conn._close()
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        for conn in list(self.connections):
+            try:
+                conn.swept(now)
+            except Exception:  # one connection's failure must not stop the sweeps
+                log.exception("sweeping a gRPC connection failed")
+                conn._close()
+        if self._server is not None:
+            self._sweeper = asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
 
     def idle(self, conn: GrpcConnection) -> None:
         """A connection's last call has ended while the server stops: it closes once its frames are out."""

@@ -126,11 +126,21 @@ class GrpcFrontEnd:
     same event loop, and stopped before it stops."""
 
     def __init__(
-        self, core: InferenceCore, *, max_message_bytes: int, max_metadata_bytes: int = 16384
+        self,
+        core: InferenceCore,
+        *,
+        max_message_bytes: int,
+        max_metadata_bytes: int = 16384,
+        max_connections: int = 1000,
+        header_timeout_s: float = 10.0,
+        body_timeout_s: float = 60.0,
     ) -> None:
         self.core = core
         self.max_message_bytes = max_message_bytes
         self.max_metadata_bytes = max_metadata_bytes
+        self.max_connections = max_connections
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
         self.port: int | None = None
         self._server: GrpcServer | None = None
         self._tasks: set[asyncio.Task[None]] = (
@@ -145,6 +155,9 @@ class GrpcFrontEnd:
             self._methods(),
             max_message_bytes=self.max_message_bytes,
             max_metadata_bytes=self.max_metadata_bytes,
+            max_connections=self.max_connections,
+            header_timeout_s=self.header_timeout_s,
+            body_timeout_s=self.body_timeout_s,
         )
         try:
             bound = await server.start(host, port)
