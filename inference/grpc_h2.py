@@ -9,9 +9,9 @@ bench/README.md has the measurements.
 What it serves: the server side of HTTP/2 (RFC 9113) as gRPC clients use it (prior knowledge, no TLS, no
 upgrade), and gRPC's framing of messages (a compressed flag and a 4-byte length before each). Headers are
 decoded by ``hpack``; the answers' headers are literals without indexing, so the client's decoder table is
-never written. A header block made only of indexed fields decodes to what it decoded to before, until a block
-that could change the table arrives: such blocks are remembered (perf_analyzer's and tritonclient's requests
-are such blocks from their second call on).
+never written. A header block that leaves the decoder's table as it is (indexed fields, literals not indexed)
+decodes to what it decoded to before, until a block that changes the table arrives: such blocks are remembered
+(perf_analyzer's and tritonclient's requests are such blocks from their second call on).
 
 Methods: a ``Method`` per path, unary (its handler gets the call and the whole request message once the client
 ended the stream) or streaming (its handler gets the call when the headers arrive, and the messages through
@@ -107,7 +107,7 @@ STREAM_WINDOW = 1 << 20
 MAX_CONCURRENT_STREAMS = 1024
 # A header block (HEADERS and its CONTINUATIONs) past this is a connection error: HPACK's state is then lost.
 MAX_HEADER_BLOCK_BYTES = 1 << 20
-# Header blocks of indexed fields only remembered with what they decode to, per connection.
+# Header blocks that leave HPACK's table as it is, remembered with what they decode to, per connection.
 MAX_REMEMBERED_BLOCKS = 64
 SWEEP_S = 1.0
 
@@ -515,7 +515,7 @@ class GrpcConnection(asyncio.Protocol):
                 raise _ConnectionError(
                     COMPRESSION_ERROR, f"a header block HPACK cannot decode: {exc}"
                 ) from None
-            if _indexed_only(block):
+            if _leaves_table(block):
                 if len(self._blocks) >= MAX_REMEMBERED_BLOCKS:
                     self._blocks.clear()
                 self._blocks[block] = fields
@@ -998,19 +998,54 @@ def _unpad(payload: bytes) -> bytes:
     return payload[1 : len(payload) - pad]
 
 
-def _indexed_only(block: bytes) -> bool:
-    """Whether a header block holds only indexed fields (RFC 7541 §6.1), which leave the table as it is."""
+def _leaves_table(block: bytes) -> bool:
+    """Whether a header block leaves HPACK's dynamic table as it is: it holds indexed fields and literals
+    without indexing or never indexed (RFC 7541 §6.1, §6.2.2, §6.2.3), and no literal with incremental
+    indexing or table size update. Such a block decodes to the same fields until the table changes. The
+    clients' usual request is one: every field indexed but ``authorization``, a literal not indexed."""
     pos = 0
     end = len(block)
     while pos < end:
-        if not block[pos] & 0x80:
+        first = block[pos]
+        if first & 0x80:
+            pos = _skip_int(block, pos, 0x7F)
+        elif first & 0xC0 == 0x40 or first & 0xE0 == 0x20:
             return False
-        if block[pos] & 0x7F == 0x7F:  # a multi-byte index
-            pos += 1
-            while pos < end and block[pos] & 0x80:
-                pos += 1
+        else:
+            new_name = not first & 0x0F
+            pos = _skip_int(block, pos, 0x0F)
+            if new_name:
+                pos = _skip_string(block, pos)
+            pos = _skip_string(block, pos)
+    return pos == end
+
+
+def _skip_int(block: bytes, pos: int, mask: int) -> int:
+    """The position after an HPACK integer whose prefix is ``mask``'s bits (past the end when cut short)."""
+    if pos >= len(block):
+        return len(block) + 1
+    if block[pos] & mask != mask:
+        return pos + 1
+    pos += 1
+    while pos < len(block) and block[pos] & 0x80:
         pos += 1
-    return True
+    return pos + 1
+
+
+def _skip_string(block: bytes, pos: int) -> int:
+    """The position after an HPACK string literal (past the end when cut short)."""
+    if pos >= len(block):
+        return len(block) + 1
+    after = _skip_int(block, pos, 0x7F)
+    if after > len(block):
+        return after
+    length = block[pos] & 0x7F
+    if length == 0x7F:
+        shift = 0
+        for byte in block[pos + 1 : after]:
+            length += (byte & 0x7F) << shift
+            shift += 7
+    return after + length
 
 
 class GrpcServer:

@@ -527,14 +527,57 @@ def test_a_percent_encoded_message_is_printable_ascii_and_decodes_to_itself(mess
     assert urllib.parse.unquote_to_bytes(encoded) == message.encode("utf-8", "replace")
 
 
-@given(indices=st.lists(st.integers(min_value=1, max_value=500), max_size=20), literal_at=st.integers(0, 20))
-def test_a_block_counts_as_indexed_only_exactly_when_it_holds_no_literal(
-    indices: list[int], literal_at: int
+_FIELD_NAMES = st.sampled_from([":path", ":method", "content-type", "authorization", "x-a", "x-" + "n" * 200])
+_FIELD = st.tuples(
+    _FIELD_NAMES,
+    st.one_of(st.sampled_from(["POST", "application/grpc", "Bearer k"]), st.text(max_size=300)),
+    st.booleans(),  # sensitive: never indexed
+)
+
+
+@given(
+    sent=st.lists(st.lists(_FIELD, max_size=8), min_size=1, max_size=4),
+    huffman=st.booleans(),
+    table_size=st.sampled_from([None, 0, 256, 4096]),
+    cut=st.integers(min_value=0, max_value=5),
+)
+def test_a_block_remembered_leaves_hpacks_table_as_it_is(
+    sent: list[list[tuple[str, str, bool]]], huffman: bool, table_size: int | None, cut: int
 ) -> None:
-    fields = [h2._int(i, 7, 0x80) for i in indices]
-    assert h2._indexed_only(b"".join(fields))
-    with_literal = [*fields[:literal_at], h2.literal(b"a", b"b"), *fields[literal_at:]]
-    assert not h2._indexed_only(b"".join(with_literal))
+    encoder = hpack.Encoder()
+    decoder = hpack.Decoder()
+    if table_size is not None:
+        encoder.header_table_size = table_size
+    for fields in sent:  # the same fields sent again come out indexed
+        block = encoder.encode([_header(*field) for field in fields], huffman=huffman)
+        before = list(decoder.header_table.dynamic_entries)
+        decoder.decode(block)
+        if h2._leaves_table(block):
+            assert list(decoder.header_table.dynamic_entries) == before
+        assert isinstance(h2._leaves_table(block[: len(block) - cut]), bool)  # cut short: no error
+
+
+@given(fields=st.lists(st.tuples(_FIELD_NAMES, st.text(max_size=20), st.booleans()), min_size=1, max_size=6))
+def test_a_request_sent_again_is_remembered(fields: list[tuple[str, str, bool]]) -> None:
+    encoder = hpack.Encoder()
+    encoder.encode([_header(*field) for field in fields])
+    assert h2._leaves_table(encoder.encode([_header(*field) for field in fields]))
+
+
+def test_perf_analyzers_requests_are_remembered_from_the_second_on() -> None:
+    # As perf_analyzer's gRPC client (grpc-c++) sends them: the first names its fields (incremental indexing),
+    # later ones index them all but authorization, a literal not indexed.
+    first = bytes.fromhex(
+        "40053a706174682a2f696e666572656e63652e47525043496e666572656e6365536572766963652f4d6f64656c496e666572"
+        "c58386c4c3c2c1000d617574686f72697a6174696f6e0b2042656172657220616263"
+    )
+    later = bytes.fromhex("bec58386c4c3c2c1000d617574686f72697a6174696f6e0b2042656172657220616263")
+    assert not h2._leaves_table(first)
+    assert h2._leaves_table(later)
+
+
+def _header(name: str, value: str, sensitive: bool) -> hpack.HeaderTuple:
+    return hpack.NeverIndexedHeaderTuple(name, value) if sensitive else hpack.HeaderTuple(name, value)
 
 
 @given(value=st.integers(min_value=0, max_value=2**32), prefix=st.integers(min_value=1, max_value=8))
