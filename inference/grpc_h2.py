@@ -35,9 +35,12 @@ Streaming calls may last as long as the client likes.
 Flow control: what a client may send is bounded by the windows this side grants. A stream's window is granted
 again as its data arrives while the connection holds less than ``buffer_bytes`` of messages not yet handed to a
 handler, and (streaming calls) while its handler has not paused it; so a client that sends faster than the
-server takes is held by HTTP/2 itself. Answers respect the client's windows and frame size; while the socket's
-buffer is over its high-water mark, reading pauses, so a client that does not read its answers cannot make the
-server buffer more than the answers to requests it already sent.
+server takes is held by HTTP/2 itself. Compressed messages wait compressed and are inflated one at a time as
+they are handed over, so compression cannot multiply what a connection holds. Answers respect the client's
+windows and frame size. A client that does not grant windows for its answers is held too: a streaming call
+stops taking messages while ``STREAM_WINDOW`` bytes of its answers wait, and a connection whose waiting answers
+exceed ``buffer_bytes`` gets its new streams refused (REFUSED_STREAM, which clients retry). While the socket's
+buffer is over its high-water mark, reading pauses.
 
 Threads: everything here runs on the event loop's thread.
 """
@@ -104,7 +107,7 @@ OUR_MAX_FRAME_SIZE = 1 << 20
 # What a stream may send before we grant more; granted again as data arrives (see the module's docstring).
 STREAM_WINDOW = 1 << 20
 # Streams a connection may have open at once (a client queues calls beyond it).
-MAX_CONCURRENT_STREAMS = 1024
+MAX_CONCURRENT_STREAMS = 256
 # A header block (HEADERS and its CONTINUATIONs) past this is a connection error: HPACK's state is then lost.
 MAX_HEADER_BLOCK_BYTES = 1 << 20
 # Header blocks that leave HPACK's table as it is, remembered with what they decode to, per connection.
@@ -231,9 +234,9 @@ class Call:
         self.trailers: bytes | None = None  # the trailers' header block, written once ``out`` is
         self._buffer = bytearray()  # request bytes not yet a whole message
         self._expected = -1  # the length of the message being read, -1 before its prefix
-        self._messages: list[
-            bytes
-        ] = []  # whole messages not yet handed over (unary: the one; streaming: paused)
+        # Whole messages not yet handed over, each with whether it came compressed (unary: the one; streaming:
+        # those waiting while the call is paused or its answers wait for the client's window).
+        self._messages: list[tuple[bytes, bool]] = []
         self._paused = False
         self._unary = True
         self._encoding = b"identity"
@@ -505,6 +508,8 @@ class GrpcConnection(asyncio.Protocol):
             call.send_window += increment
             if call.out or call.trailers is not None:
                 self._write_out(call)
+                if call._messages and not call._unary:
+                    self.deliver(call)
 
     def _headers(self, stream_id: int, flags: int, block: bytes) -> None:
         fields = self._blocks.get(block)
@@ -535,7 +540,9 @@ class GrpcConnection(asyncio.Protocol):
         if self._going_away or self.server.closing:
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
             return
-        if len(self.calls) >= MAX_CONCURRENT_STREAMS:
+        if len(self.calls) >= MAX_CONCURRENT_STREAMS or self._unsent() > self.server.buffer_bytes:
+            # Past the limit, or while the client leaves that much of its answers unread (its windows closed):
+            # refused, which grpc clients retry.
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
             return
         self._start_call(stream_id, flags, fields)
@@ -626,7 +633,7 @@ class GrpcConnection(asyncio.Protocol):
     def _read_messages(self, call: Call, payload: bytes) -> None:
         buffer = call._buffer
         buffer += payload
-        self._buffered += len(payload)
+        self._buffered += len(payload)  # a message's 5-byte prefix included, until it is handed over
         while True:
             if call._expected < 0:
                 if len(buffer) < 5:
@@ -652,18 +659,12 @@ class GrpcConnection(asyncio.Protocol):
             length = call._expected & 0xFFFFFFFFFF
             if len(buffer) - 5 < length:
                 return
+            # Kept as it came (compressed or not): inflated only as it is handed to the handler, one at a time,
+            # so that what a connection holds stays what the windows let in.
             message = bytes(buffer[5 : 5 + length])
             compressed = bool(call._expected >> 40)
             del buffer[: 5 + length]
-            self._buffered -= 5 + length
             call._expected = -1
-            if compressed:
-                try:
-                    message = self._inflate(call._encoding, message)
-                except _CallError as exc:
-                    self._drop_buffer(call)
-                    call.fail(exc.code, exc.message)
-                    return
             if call._unary:
                 if call._messages:
                     self._drop_buffer(call)
@@ -671,11 +672,9 @@ class GrpcConnection(asyncio.Protocol):
                         INVALID_ARGUMENT, "a unary call carries exactly one request message; more were sent"
                     )
                     return
-                call._messages.append(message)
-                self._buffered += len(message)
+                call._messages.append((message, compressed))
             else:
-                call._messages.append(message)
-                self._buffered += len(message)
+                call._messages.append((message, compressed))
                 self.deliver(call)
                 if call.done:
                     return
@@ -701,12 +700,28 @@ class GrpcConnection(asyncio.Protocol):
             raise _CallError(RESOURCE_EXHAUSTED, f"an inflated message over the limit of {limit} bytes")
         return out
 
+    def _take(self, call: Call) -> bytes | None:
+        """A call's first waiting message, inflated if it came compressed; None when it cannot be (the call
+        has failed)."""
+        message, compressed = call._messages.pop(0)
+        self._buffered -= len(message) + 5
+        if not compressed:
+            return message
+        try:
+            return self._inflate(call._encoding, message)
+        except _CallError as exc:
+            self._drop_buffer(call)
+            call.fail(exc.code, exc.message)
+            return None
+
     def deliver(self, call: Call) -> None:
-        """Hands a streaming call's waiting messages to its handler, until it pauses the call."""
+        """Hands a streaming call's waiting messages to its handler, until it pauses the call or its answers
+        wait for the client's window (STREAM_WINDOW bytes of them)."""
         messages = call._messages
-        while messages and not call._paused and not call.done:
-            message = messages.pop(0)
-            self._buffered -= len(message)
+        while messages and not call._paused and not call.done and len(call.out) < STREAM_WINDOW:
+            message = self._take(call)
+            if message is None:
+                break
             on_message = call.on_message
             if on_message is not None:
                 self._guarded(on_message, call, message)
@@ -729,10 +744,9 @@ class GrpcConnection(asyncio.Protocol):
             if not call._messages:
                 call.fail(INVALID_ARGUMENT, "a unary call carries exactly one request message; none was sent")
                 return
-            message = call._messages.pop()
-            self._buffered -= len(message)
-            method = self.server.methods[call.method]
-            self._run(method.handler, call, message)
+            message = self._take(call)
+            if message is not None:
+                self._run(self.server.methods[call.method].handler, call, message)
         else:
             self.deliver(call)
 
@@ -758,7 +772,7 @@ class GrpcConnection(asyncio.Protocol):
                 self._recv_window += grant
 
     def _drop_buffer(self, call: Call) -> None:
-        self._buffered -= len(call._buffer) + sum(len(m) for m in call._messages)
+        self._buffered -= len(call._buffer) + sum(len(m) + 5 for m, _ in call._messages)
         call._buffer = bytearray()
         call._messages = []
         call._expected = -1
@@ -877,8 +891,14 @@ class GrpcConnection(asyncio.Protocol):
     def _unblock(self) -> None:
         for call in list(self._blocked.values()):
             self._write_out(call)
+            if call._messages and not call._unary:
+                self.deliver(call)
             if self.send_window <= 0:
                 break
+
+    def _unsent(self) -> int:
+        """Answer bytes waiting for the client's windows (only calls in ``_blocked`` hold any)."""
+        return sum(len(call.out) for call in self._blocked.values()) if self._blocked else 0
 
     def _closed(self, call: Call) -> None:
         """Our side of the stream has ended."""

@@ -10,6 +10,7 @@ import socket
 import struct
 import threading
 import time
+import tracemalloc
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ class Toy:
     server: GrpcServer
     loop: asyncio.AbstractEventLoop
     cancelled: list[str] = field(default_factory=list)
+    delivered: int = 0
 
 
 def _methods(toy: Toy) -> dict[str, Method]:
@@ -65,8 +67,15 @@ def _methods(toy: Toy) -> dict[str, Method]:
         call.on_message = lambda _: call.pause()
 
     def chat(call: Call, message: bytes | None) -> None:
-        call.on_message = call.send
+        def send(message: bytes) -> None:
+            toy.delivered += 1
+            call.send(message)
+
+        call.on_message = send
         call.on_end = call.finish
+
+    def length(call: Call, message: bytes | None) -> None:
+        call.reply(str(len(message or b"")).encode())
 
     return {
         "/t.T/Echo": Method(echo),
@@ -77,6 +86,7 @@ def _methods(toy: Toy) -> dict[str, Method]:
         "/t.T/Boom": Method(boom),
         "/t.T/Metadata": Method(metadata),
         "/t.T/Chat": Method(chat, streaming=True),
+        "/t.T/Length": Method(length),
         "/t.T/Hold": Method(hold, streaming=True),
     }
 
@@ -226,12 +236,12 @@ def test_stopping_lets_calls_in_progress_finish_and_refuses_new_connections(toy:
 class Raw:
     """An HTTP/2 client that sends what it is told, frame by frame, and reads what comes back."""
 
-    def __init__(self, port: int, preface: bytes = h2.PREFACE) -> None:
+    def __init__(self, port: int, preface: bytes = h2.PREFACE, settings: bytes = b"") -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
         self.encoder = hpack.Encoder()
         self.buf = b""
         self.closed = False
-        self.sock.sendall(preface + h2.frame(h2.SETTINGS, 0, 0))
+        self.sock.sendall(preface + h2.frame(h2.SETTINGS, 0, 0, settings))
 
     def headers(
         self, stream_id: int, path: str, extra: tuple[tuple[str, str], ...] = (), flags: int = 0
@@ -510,6 +520,50 @@ def test_connections_past_the_limit_are_refused_with_goaway(strict: Toy) -> None
             fourth.close()
     finally:
         second.close()
+
+
+def test_compressed_messages_wait_compressed_and_are_inflated_one_at_a_time(toy: Toy) -> None:
+    bomb = gzip.compress(bytes(MAX_MESSAGE))  # inflates to the largest message allowed
+    client = Raw(toy.port)
+    tracemalloc.start()
+    try:
+        streams = range(1, 21, 2)
+        for stream_id in streams:  # ten messages that would hold 80 MiB inflated, none ended yet
+            client.headers(stream_id, "/t.T/Length", (("grpc-encoding", "gzip"),))
+            client.message(stream_id, bomb, compressed=1, end=False)
+        time.sleep(0.3)
+        _, held_peak = tracemalloc.get_traced_memory()
+        for stream_id in streams:
+            client.send(h2.DATA, h2.END_STREAM, stream_id)
+        answers = [p for kind, _, _, p in client.frames(3) if kind == h2.DATA]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        client.close()
+    assert answers == [b"\x00" + struct.pack(">I", 7) + str(MAX_MESSAGE).encode()] * 10
+    assert held_peak < 8 << 20  # what came on the wire, not what it inflates to
+    assert peak < 40 << 20  # one inflated message at a time (and the decompressor's copy)
+
+
+def test_a_stream_whose_answers_are_not_read_stops_taking_messages_until_they_are(toy: Toy) -> None:
+    closed_window = struct.pack(">HI", h2.SETTINGS_INITIAL_WINDOW_SIZE, 0)
+    client = Raw(toy.port, settings=closed_window)  # grants the server no window for answers
+    try:
+        client.headers(1, "/t.T/Chat")
+        message = bytes(1024)
+        for _ in range(1400):
+            client.message(1, message, end=False)
+        list(client.frames(1))
+        # Delivery stops once STREAM_WINDOW bytes of answers wait; the rest of the messages wait with them.
+        assert toy.delivered <= h2.STREAM_WINDOW // 1029 + 1
+        client.send(h2.SETTINGS, 0, 0, struct.pack(">HI", h2.SETTINGS_INITIAL_WINDOW_SIZE, 8 << 20))
+        client.send(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", 16 << 20))
+        client.send(h2.DATA, h2.END_STREAM, 1)
+        data = b"".join(p for kind, _, sid, p in client.frames(3) if kind == h2.DATA and sid == 1)
+    finally:
+        client.close()
+    assert toy.delivered == 1400
+    assert data == (b"\x00" + struct.pack(">I", 1024) + message) * 1400
 
 
 # -- the header codec ---------------------------------------------------------------------------
