@@ -174,10 +174,13 @@ def parse_timeout(value: bytes) -> float | None:
 
 class Method(NamedTuple):
     """How a path is served: ``handler(call, message)`` once the request message arrived (unary), or
-    ``handler(call, None)`` as the headers arrive and the messages through ``call.on_message`` (streaming)."""
+    ``handler(call, None)`` as the headers arrive and the messages through ``call.on_message`` (streaming).
+    ``admit(call)``, if given, runs as the headers arrive (unary calls): it may refuse the call (``Call.fail``)
+    before its message is read or inflated, and may leave what it learnt in ``call.state``."""
 
     handler: Callable[[Call, bytes | None], None]
     streaming: bool = False
+    admit: Callable[[Call], None] | None = None
 
 
 class Call:
@@ -209,6 +212,7 @@ class Call:
         "recv_window",
         "send_window",
         "started",
+        "state",
         "stream_id",
         "trailers",
     )
@@ -228,6 +232,7 @@ class Call:
         self.on_message: Callable[[bytes], None] | None = None
         self.on_end: Callable[[], None] | None = None
         self.on_cancel: Callable[[], None] | None = None
+        self.state: Any = None  # the application's, set by its admit
         self.recv_window = STREAM_WINDOW
         self.send_window = conn.peer_initial_window
         self.out = bytearray()  # DATA payload waiting for the client's window
@@ -601,7 +606,12 @@ class GrpcConnection(asyncio.Protocol):
             self._run(method.handler, call, None)
             if call.half_closed and not call.done:
                 self._end_of_requests(call)
-        elif call.half_closed:
+            return
+        if method.admit is not None:
+            self._guarded(method.admit, call, call)
+            if call.done:
+                return
+        if call.half_closed:
             call.fail(INVALID_ARGUMENT, "a unary call carries exactly one request message; none was sent")
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:

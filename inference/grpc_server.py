@@ -179,7 +179,7 @@ class GrpcFrontEnd:
     def _methods(self) -> dict[str, Method]:
         prefix = f"/{SERVICE}/"
         methods: dict[str, Method] = {
-            prefix + "ModelInfer": Method(self._model_infer),
+            prefix + "ModelInfer": Method(self._model_infer, admit=self._admit),
             prefix + "ModelStreamInfer": Method(self._model_stream_infer, streaming=True),
         }
         for name, message_type, call in (
@@ -192,8 +192,20 @@ class GrpcFrontEnd:
             ("ModelStatistics", pb.ModelStatisticsRequest, self._model_statistics),
             ("RepositoryIndex", pb.RepositoryIndexRequest, self._repository_index),
         ):
-            methods[prefix + name] = Method(partial(self._unary, message_type, call))
+            keyed = name not in ("ServerLive", "ServerReady")
+            methods[prefix + name] = Method(
+                partial(self._unary, message_type, call), admit=self._admit if keyed else None
+            )
         return methods
+
+    def _admit(self, call: Call) -> None:
+        """Refuses a call whose key the cache knows to be missing, malformed, unknown or without the scope, as
+        its headers arrive: before its message is read or inflated. What the cache said stays in
+        ``call.state`` (a principal, a KeyLookup for the key store to answer, or None: no keys checked)."""
+        try:
+            call.state = self._cached_principal(_authorization(call))
+        except InferenceError as exc:
+            _fail(call, exc)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -315,14 +327,9 @@ class GrpcFrontEnd:
         """A unary infer call, served without a task when the key cache knows its key: the request is queued
         here and answered from the batch's completion (``_infer_done``)."""
         received = time.monotonic_ns()
-        try:
-            authorization = _authorization(call)
-            principal = self._cached_principal(authorization)
-        except InferenceError as exc:
-            _fail(call, exc)
-            return
+        principal = call.state  # what the key cache said as the headers arrived (_admit)
         if isinstance(principal, KeyLookup):  # the key store must answer: a coroutine
-            self._spawn(self._infer_after_lookup(call, raw or b"", authorization, received))
+            self._spawn(self._infer_after_lookup(call, raw or b"", _authorization(call), received))
             return
         self._submit(call, raw or b"", principal, received)
 

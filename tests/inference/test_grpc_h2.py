@@ -74,6 +74,10 @@ def _methods(toy: Toy) -> dict[str, Method]:
         call.on_message = send
         call.on_end = call.finish
 
+    def admit(call: Call) -> None:
+        if call.header(b"x-key") != b"ok":
+            call.fail(h2.UNAUTHENTICATED, "no key")
+
     def length(call: Call, message: bytes | None) -> None:
         call.reply(str(len(message or b"")).encode())
 
@@ -87,6 +91,7 @@ def _methods(toy: Toy) -> dict[str, Method]:
         "/t.T/Metadata": Method(metadata),
         "/t.T/Chat": Method(chat, streaming=True),
         "/t.T/Length": Method(length),
+        "/t.T/Keyed": Method(length, admit=admit),
         "/t.T/Hold": Method(hold, streaming=True),
     }
 
@@ -543,6 +548,17 @@ def test_compressed_messages_wait_compressed_and_are_inflated_one_at_a_time(toy:
     assert answers == [b"\x00" + struct.pack(">I", 7) + str(MAX_MESSAGE).encode()] * 10
     assert held_peak < 8 << 20  # what came on the wire, not what it inflates to
     assert peak < 40 << 20  # one inflated message at a time (and the decompressor's copy)
+
+
+def test_a_call_its_admission_refuses_is_answered_before_its_message_is_sent(raw: Raw) -> None:
+    raw.headers(1, "/t.T/Keyed")  # no message yet, no end of stream
+    assert raw.status(1) == (str(grpc.StatusCode.UNAUTHENTICATED.value[0]), "no key")
+    resets = [p for kind, _, sid, p in raw.frames(1) if kind == h2.RST_STREAM and sid == 1]
+    assert resets == [struct.pack(">I", h2.NO_ERROR)]  # the client is told to send nothing more
+    raw.headers(3, "/t.T/Keyed", (("x-key", "ok"),))
+    raw.message(3, b"12345")
+    data = [p for kind, _, sid, p in raw.frames(1) if kind == h2.DATA and sid == 3]
+    assert data == [b"\x00\x00\x00\x00\x015"]
 
 
 def test_a_stream_whose_answers_are_not_read_stops_taking_messages_until_they_are(toy: Toy) -> None:
