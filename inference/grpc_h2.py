@@ -20,10 +20,11 @@ ended the stream) or streaming (its handler gets the call when the headers arriv
 
 Limits, each answered as grpc's own server answers it: a message whose length prefix is over
 ``max_message_bytes`` is RESOURCE_EXHAUSTED before any of it is kept; a header list over ``max_metadata_bytes``
-(each field's name and value plus 32 bytes, as HTTP/2 counts) is RESOURCE_EXHAUSTED; a compressed message
-is inflated (gzip, deflate) only up to ``max_message_bytes``; an unknown ``grpc-encoding`` is UNIMPLEMENTED; a
-content type that is not gRPC is HTTP 415. ``grpc-timeout`` is honoured: DEADLINE_EXCEEDED when the answer is
-not written in time.
+(each field's name and value plus 32 bytes, as HTTP/2 counts) is RESOURCE_EXHAUSTED; a content type that is
+not gRPC is HTTP 415. Compressed messages are UNIMPLEMENTED (answers say ``grpc-accept-encoding: identity``): a
+few kilobytes of gzip inflate to the largest message allowed, so a client could make the server hold and work
+on a thousand times what it sent, where an uncompressed request costs its sender what it costs the server.
+``grpc-timeout`` is honoured: DEADLINE_EXCEEDED when the answer is not written in time.
 
 Slow and greedy clients (the HTTP/1.1 protocol's settings, passed in): beyond ``max_connections`` a new
 connection gets GOAWAY and is closed; a connection must send its preface within ``header_timeout_s``, a header
@@ -35,8 +36,7 @@ Streaming calls may last as long as the client likes.
 Flow control: what a client may send is bounded by the windows this side grants. A stream's window is granted
 again as its data arrives while the connection holds less than ``buffer_bytes`` of messages not yet handed to a
 handler, and (streaming calls) while its handler has not paused it; so a client that sends faster than the
-server takes is held by HTTP/2 itself. Compressed messages wait compressed and are inflated one at a time as
-they are handed over, so compression cannot multiply what a connection holds. Answers respect the client's
+server takes is held by HTTP/2 itself. Answers respect the client's
 windows and frame size. A client that does not grant windows for its answers is held too: a streaming call
 stops taking messages while ``STREAM_WINDOW`` bytes of its answers wait, and a connection whose waiting answers
 exceed ``buffer_bytes`` gets its new streams refused (REFUSED_STREAM, which clients retry). While the socket's
@@ -51,7 +51,6 @@ import asyncio
 import logging
 import struct
 import time
-import zlib
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, cast
 
@@ -105,13 +104,15 @@ MAX_WINDOW = 2**31 - 1
 # Frames we accept: larger than HTTP/2's default 16 KiB, so a large tensor costs fewer frames to parse.
 OUR_MAX_FRAME_SIZE = 1 << 20
 # What a stream may send before we grant more; granted again as data arrives (see the module's docstring).
-STREAM_WINDOW = 1 << 20
+STREAM_WINDOW = 256 << 10
 # Streams a connection may have open at once (a client queues calls beyond it).
 MAX_CONCURRENT_STREAMS = 256
-# A header block (HEADERS and its CONTINUATIONs) past this is a connection error: HPACK's state is then lost.
-MAX_HEADER_BLOCK_BYTES = 1 << 20
-# Header blocks that leave HPACK's table as it is, remembered with what they decode to, per connection.
+# A streaming call's answers waiting for the client's window past which it stops taking requests.
+ANSWER_BACKLOG_BYTES = 1 << 20
+# Header blocks that leave HPACK's table as it is, remembered with what they decode to, per connection (the
+# short ones only: a client's usual request is a few dozen bytes).
 MAX_REMEMBERED_BLOCKS = 64
+MAX_REMEMBERED_BLOCK_BYTES = 2048
 SWEEP_S = 1.0
 
 _U32 = struct.Struct(">I")
@@ -142,7 +143,9 @@ def literal(name: bytes, value: bytes) -> bytes:
 
 
 # ':status: 200' is the static table's 8th entry; content-type is written out.
-RESPONSE_HEADERS = b"\x88" + literal(b"content-type", b"application/grpc")
+RESPONSE_HEADERS = (
+    b"\x88" + literal(b"content-type", b"application/grpc") + literal(b"grpc-accept-encoding", b"identity")
+)
 OK_TRAILERS = literal(b"grpc-status", b"0")
 
 
@@ -191,12 +194,14 @@ class Call:
     client cancels it or the connection closes (``cancelled``)."""
 
     __slots__ = (
+        "_abandoned",
         "_buffer",
         "_conn",
         "_deadline",
-        "_encoding",
+        "_delivering",
         "_expected",
         "_messages",
+        "_owed",
         "_paused",
         "_unary",
         "cancelled",
@@ -239,12 +244,14 @@ class Call:
         self.trailers: bytes | None = None  # the trailers' header block, written once ``out`` is
         self._buffer = bytearray()  # request bytes not yet a whole message
         self._expected = -1  # the length of the message being read, -1 before its prefix
-        # Whole messages not yet handed over, each with whether it came compressed (unary: the one; streaming:
-        # those waiting while the call is paused or its answers wait for the client's window).
-        self._messages: list[tuple[bytes, bool]] = []
+        # Whole messages not yet handed over (unary: the one; streaming: those waiting while the call is paused
+        # or its answers wait for the client's window).
+        self._messages: list[bytes] = []
         self._paused = False
+        self._owed = False  # its handler runs or has work in progress (set before the handler is called)
+        self._abandoned = False  # ended while owed: counted in the connection's ``abandoned``
+        self._delivering = False
         self._unary = True
-        self._encoding = b"identity"
         self._deadline: asyncio.TimerHandle | None = None
 
     def header(self, name: bytes) -> bytes | None:
@@ -257,6 +264,7 @@ class Call:
 
     def reply(self, message: bytes) -> None:
         """A unary call's answer: headers, the message and an OK status, in one write when the windows allow."""
+        self.release()
         if self.done:
             return
         self.done = True
@@ -264,6 +272,20 @@ class Call:
 
     def fail(self, code: int, message: str, trailers: Iterable[tuple[str, str]] = ()) -> None:
         """Ends the call with a status other than OK (headers and status in one frame when nothing was sent)."""
+        self.release()
+        self._end(code, message, trailers)
+
+    def release(self) -> None:
+        """Says the handler's work for this call is over. ``reply``, ``fail`` and ``finish`` say it too; a call
+        that ended without them (the client cancelled it, its deadline passed) counts against its connection's
+        streams until its handler says so, so that cancelled work cannot pile up behind a client that opens
+        and resets calls at once."""
+        if self._abandoned:
+            self._abandoned = False
+            self._conn.abandoned -= 1
+        self._owed = False
+
+    def _end(self, code: int, message: str, trailers: Iterable[tuple[str, str]] = ()) -> None:
         if self.done:
             return
         self.done = True
@@ -276,6 +298,7 @@ class Call:
 
     def finish(self, code: int = OK, message: str = "") -> None:
         """Ends a streaming answer with its status."""
+        self.release()
         if self.done:
             return
         self.done = True
@@ -312,10 +335,13 @@ class GrpcConnection(asyncio.Protocol):
         self.send_window = DEFAULT_WINDOW  # the connection's, granted by the client
         self._recv_window = DEFAULT_WINDOW  # the connection's, granted by us
         self._buffered = 0  # request bytes held in calls, not yet handed to a handler
-        self._buf = b""
+        self._buf = bytearray()  # the start of a frame not yet whole
+        self._need = 0  # the bytes _buf must hold before it is worth parsing again
         self._preface = False
         self._decoder = hpack.Decoder()
-        self._decoder.max_header_list_size = MAX_HEADER_BLOCK_BYTES
+        # Past this a header block is a connection error (HPACK's state is then lost); under it, a list over
+        # max_metadata_bytes is refused for its call alone.
+        self._decoder.max_header_list_size = server.max_header_block_bytes
         self._decoder.max_allowed_table_size = 65536
         self._blocks: dict[bytes, list[tuple[bytes, bytes]]] = {}
         self._header_block: bytearray | None = None  # a header block waiting for its CONTINUATIONs
@@ -326,6 +352,10 @@ class GrpcConnection(asyncio.Protocol):
         self._write_paused = False
         self._read_paused = False
         self._blocked: dict[int, Call] = {}  # calls with DATA waiting for a window
+        self._starved: set[int] = set()  # streams whose window _grant held back
+        self.abandoned = (
+            0  # calls ended (cancelled, past their deadline) whose handlers still work (Call.release)
+        )
         self._out: list[bytes] = []  # frames to write at the end of this read
         self._reading = False  # inside data_received: answers leave with the frames of the same read
         self._opened = 0.0
@@ -383,13 +413,23 @@ class GrpcConnection(asyncio.Protocol):
         self._flush()
 
     def _read(self, data: bytes) -> None:
-        buf = self._buf + data if self._buf else data
+        if self._buf:
+            # An unfinished frame waits: bytes that do not finish it are only appended (a frame sent in small
+            # pieces must not cost a copy of all it has so far per piece).
+            self._buf += data
+            if len(self._buf) < self._need:
+                return
+            buf = bytes(self._buf)
+            self._buf = bytearray()
+        else:
+            buf = data
         if not self._preface:
             if len(buf) < len(PREFACE):
                 if not PREFACE.startswith(buf):
                     self._close()
                     return
-                self._buf = buf
+                self._buf = bytearray(buf)
+                self._need = len(PREFACE)
                 return
             if not buf.startswith(PREFACE):
                 self._close()
@@ -418,13 +458,12 @@ class GrpcConnection(asyncio.Protocol):
             self._goaway(exc.code, exc.message)
             return
         if pos < end:
-            if not self._buf or pos:
+            if pos or not self._partial_since:
                 self._partial_since = time.monotonic()
-            self._buf = buf[pos:]
-        else:
-            self._buf = b""
-            if self._header_block is None:
-                self._partial_since = 0.0
+            self._buf = bytearray(buf[pos:])
+            self._need = 9 + (int.from_bytes(buf[pos : pos + 3], "big") if end - pos >= 9 else 0)
+        elif self._header_block is None:
+            self._partial_since = 0.0
 
     # -- frames in ---------------------------------------------------------------------------
 
@@ -452,8 +491,10 @@ class GrpcConnection(asyncio.Protocol):
             if block is None or stream_id != self._header_stream:
                 raise _ConnectionError(PROTOCOL_ERROR, "an unexpected CONTINUATION")
             block += payload
-            if len(block) > MAX_HEADER_BLOCK_BYTES:
-                raise _ConnectionError(ENHANCE_YOUR_CALM, "a header block over 1 MiB")
+            if len(block) > self.server.max_header_block_bytes:
+                raise _ConnectionError(
+                    ENHANCE_YOUR_CALM, f"a header block over {self.server.max_header_block_bytes} bytes"
+                )
             if flags & END_HEADERS:
                 self._header_block = None
                 self._headers(stream_id, self._header_flags, bytes(block))
@@ -525,7 +566,7 @@ class GrpcConnection(asyncio.Protocol):
                 raise _ConnectionError(
                     COMPRESSION_ERROR, f"a header block HPACK cannot decode: {exc}"
                 ) from None
-            if _leaves_table(block):
+            if len(block) <= MAX_REMEMBERED_BLOCK_BYTES and _leaves_table(block):
                 if len(self._blocks) >= MAX_REMEMBERED_BLOCKS:
                     self._blocks.clear()
                 self._blocks[block] = fields
@@ -545,9 +586,14 @@ class GrpcConnection(asyncio.Protocol):
         if self._going_away or self.server.closing:
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
             return
-        if len(self.calls) >= MAX_CONCURRENT_STREAMS or self._unsent() > self.server.buffer_bytes:
-            # Past the limit, or while the client leaves that much of its answers unread (its windows closed):
-            # refused, which grpc clients retry.
+        if (
+            len(self.calls) + self.abandoned >= MAX_CONCURRENT_STREAMS
+            or self._unsent() > self.server.buffer_bytes
+        ):
+            # Past the limit (which clients respect; calls they reset count until their work is over, see
+            # Call.release), or while the client leaves that much of its answers
+            # unread (its windows closed). A connection holding much unread request data does not refuse new
+            # streams (grpc clients fail a refused call as UNAVAILABLE): they wait for their windows instead.
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
             return
         self._start_call(stream_id, flags, fields)
@@ -588,12 +634,9 @@ class GrpcConnection(asyncio.Protocol):
             return
         method = self.server.methods.get(call.method)
         if method is None:
-            call.fail(UNIMPLEMENTED, f"Method not found: {call.method}")
+            call.fail(UNIMPLEMENTED, f"Method not found: {call.method[:200]}")
             return
         call._unary = not method.streaming
-        encoding = call.header(b"grpc-encoding")
-        if encoding is not None:
-            call._encoding = encoding
         timeout = call.header(b"grpc-timeout")
         if timeout is not None:
             seconds = parse_timeout(timeout)
@@ -649,30 +692,32 @@ class GrpcConnection(asyncio.Protocol):
                 if len(buffer) < 5:
                     return
                 compressed = buffer[0]
-                call._expected = int.from_bytes(buffer[1:5], "big")
-                if call._expected > self.server.max_message_bytes:
+                declared = int.from_bytes(buffer[1:5], "big")
+                if declared > self.server.max_message_bytes:
                     self._drop_buffer(call)
                     call.fail(
                         RESOURCE_EXHAUSTED,
-                        f"Received message larger than max ({call._expected} vs. {self.server.max_message_bytes})",
+                        f"Received message larger than max ({declared} vs. {self.server.max_message_bytes})",
                     )
                     return
-                if compressed > 1:
+                call._expected = declared
+                if compressed == 1:
+                    self._drop_buffer(call)
+                    encoding = (call.header(b"grpc-encoding") or b"").decode("latin-1")[:40]
+                    call.fail(
+                        UNIMPLEMENTED,
+                        f"compressed messages (grpc-encoding {encoding!r}) are not accepted: send them"
+                        " uncompressed",
+                    )
+                    return
+                if compressed:
                     self._drop_buffer(call)
                     call.fail(INTERNAL, f"a message's compressed flag is {compressed}, not 0 or 1")
                     return
-                if compressed and call._encoding == b"identity":
-                    self._drop_buffer(call)
-                    call.fail(INTERNAL, "a compressed message without a grpc-encoding")
-                    return
-                call._expected |= compressed << 40  # remembered beside the length
-            length = call._expected & 0xFFFFFFFFFF
+            length = call._expected
             if len(buffer) - 5 < length:
                 return
-            # Kept as it came (compressed or not): inflated only as it is handed to the handler, one at a time,
-            # so that what a connection holds stays what the windows let in.
             message = bytes(buffer[5 : 5 + length])
-            compressed = bool(call._expected >> 40)
             del buffer[: 5 + length]
             call._expected = -1
             if call._unary:
@@ -682,67 +727,49 @@ class GrpcConnection(asyncio.Protocol):
                         INVALID_ARGUMENT, "a unary call carries exactly one request message; more were sent"
                     )
                     return
-                call._messages.append((message, compressed))
+                call._messages.append(message)
             else:
-                call._messages.append((message, compressed))
+                call._messages.append(message)
                 self.deliver(call)
                 if call.done:
                     return
 
-    def _inflate(self, encoding: bytes, message: bytes) -> bytes:
-        if encoding == b"gzip":
-            wbits = 31
-        elif encoding == b"deflate":
-            wbits = 15
-        else:
-            raise _CallError(
-                UNIMPLEMENTED, f"compression algorithm {encoding.decode('latin-1')!r} is not supported"
-            )
-        limit = self.server.max_message_bytes
-        inflater = zlib.decompressobj(wbits)
-        try:
-            out = inflater.decompress(message, limit + 1)
-        except zlib.error as exc:
-            raise _CallError(
-                INTERNAL, f"a message that does not inflate ({encoding.decode()}): {exc}"
-            ) from None
-        if len(out) > limit:
-            raise _CallError(RESOURCE_EXHAUSTED, f"an inflated message over the limit of {limit} bytes")
-        return out
-
-    def _take(self, call: Call) -> bytes | None:
-        """A call's first waiting message, inflated if it came compressed; None when it cannot be (the call
-        has failed)."""
-        message, compressed = call._messages.pop(0)
+    def _take(self, call: Call) -> bytes:
+        """A call's first waiting message."""
+        message = call._messages.pop(0)
         self._buffered -= len(message) + 5
-        if not compressed:
-            return message
-        try:
-            return self._inflate(call._encoding, message)
-        except _CallError as exc:
-            self._drop_buffer(call)
-            call.fail(exc.code, exc.message)
-            return None
+        self._feed_starved()
+        return message
 
     def deliver(self, call: Call) -> None:
         """Hands a streaming call's waiting messages to its handler, until it pauses the call or its answers
-        wait for the client's window (STREAM_WINDOW bytes of them)."""
+        wait for the client's window (ANSWER_BACKLOG_BYTES of them). Not reentrant: a handler that resumes
+        the call from inside (an answer refused at once) lets this loop go on, instead of recursing."""
+        if call._delivering:  # called back from a handler: the loop below goes on once it returns
+            return
+        call._delivering = True
+        try:
+            self._deliver(call)
+        finally:
+            call._delivering = False
+        self._grant(call)
+        self._flush()
+
+    def _deliver(self, call: Call) -> None:
         messages = call._messages
-        while messages and not call._paused and not call.done and len(call.out) < STREAM_WINDOW:
+        while messages and not call._paused and not call.done and len(call.out) < ANSWER_BACKLOG_BYTES:
             message = self._take(call)
-            if message is None:
-                break
             on_message = call.on_message
             if on_message is not None:
                 self._guarded(on_message, call, message)
         if not messages and call.half_closed and call.on_end is not None and not call.done:
             on_end, call.on_end = call.on_end, None
             self._guarded(on_end, call)
-        self._grant(call)
-        self._flush()
 
     def _end_of_requests(self, call: Call) -> None:
         call.half_closed = True
+        self._starved.discard(call.stream_id)
+        self._feed_starved()  # another stream may be the oldest sending now, and this one's data is taken below
         if call.done:
             self._maybe_close(call)
             return
@@ -754,35 +781,63 @@ class GrpcConnection(asyncio.Protocol):
             if not call._messages:
                 call.fail(INVALID_ARGUMENT, "a unary call carries exactly one request message; none was sent")
                 return
-            message = self._take(call)
-            if message is not None:
-                self._run(self.server.methods[call.method].handler, call, message)
+            self._run(self.server.methods[call.method].handler, call, self._take(call))
         else:
             self.deliver(call)
 
     def _grant(self, call: Call | None) -> None:
-        """Grants the client's windows again for what was read (see the module's docstring)."""
+        """Grants the client's windows again for what was read.
+
+        The connection's window is always granted again: what bounds a connection's memory is its streams'
+        windows. A stream's window is granted again when half of it is used, unless its messages wait (paused)
+        or the connection holds ``buffer_bytes`` of unread request data; then only the oldest stream still
+        sending its request gets more, so that one always completes and frees its share (no deadlock), and the
+        others wait in ``_starved`` until the connection holds less."""
         if (
             call is not None
             and not call.half_closed
             and not call._paused
             and call.recv_window < STREAM_WINDOW // 2
             and not call._messages
+            and not call.done
         ):
-            self._out.append(
-                frame(WINDOW_UPDATE, 0, call.stream_id, _U32.pack(STREAM_WINDOW - call.recv_window))
-            )
-            call.recv_window = STREAM_WINDOW
-        room = self.server.buffer_bytes - self._buffered
+            if self._buffered < self.server.buffer_bytes or call.stream_id == self._oldest_sending():
+                self._out.append(
+                    frame(WINDOW_UPDATE, 0, call.stream_id, _U32.pack(STREAM_WINDOW - call.recv_window))
+                )
+                call.recv_window = STREAM_WINDOW
+                self._starved.discard(call.stream_id)
+            else:
+                self._starved.add(call.stream_id)
         target = self.server.buffer_bytes
-        if self._recv_window < target // 2 and room > 0:
-            grant = min(target - self._recv_window, room)
-            if grant > 0:
-                self._out.append(frame(WINDOW_UPDATE, 0, 0, _U32.pack(grant)))
-                self._recv_window += grant
+        if self._recv_window < target // 2:
+            self._out.append(frame(WINDOW_UPDATE, 0, 0, _U32.pack(target - self._recv_window)))
+            self._recv_window = target
+
+    def _oldest_sending(self) -> int:
+        """The oldest stream in the middle of a message it may go on sending (0 when none is)."""
+        return min(
+            (
+                sid
+                for sid, c in self.calls.items()
+                if c._buffer and not c.half_closed and not c.done and not c._paused and not c._messages
+            ),
+            default=0,
+        )
+
+    def _feed_starved(self) -> None:
+        """Grants the streams held back by ``_grant`` once the connection holds less, or one became the oldest."""
+        if self._starved:
+            for stream_id in sorted(self._starved):
+                call = self.calls.get(stream_id)
+                if call is None:
+                    self._starved.discard(stream_id)
+                else:
+                    self._grant(call)
 
     def _drop_buffer(self, call: Call) -> None:
-        self._buffered -= len(call._buffer) + sum(len(m) + 5 for m, _ in call._messages)
+        self._buffered -= len(call._buffer) + sum(len(m) + 5 for m in call._messages)
+        self._starved.discard(call.stream_id)
         call._buffer = bytearray()
         call._messages = []
         call._expected = -1
@@ -790,6 +845,7 @@ class GrpcConnection(asyncio.Protocol):
     # -- running handlers --------------------------------------------------------------------
 
     def _run(self, handler: Callable[[Call, bytes | None], None], call: Call, message: bytes | None) -> None:
+        call._owed = True
         try:
             handler(call, message)
         except Exception:
@@ -806,7 +862,8 @@ class GrpcConnection(asyncio.Protocol):
     def _deadline_passed(self, call: Call) -> None:
         call._deadline = None
         if not call.done:
-            call.fail(DEADLINE_EXCEEDED, "Deadline Exceeded")
+            call._end(DEADLINE_EXCEEDED, "Deadline Exceeded")
+            self._abandon(call)
             if call.on_cancel is not None:
                 self._guarded(call.on_cancel, call)
             self._flush()
@@ -817,8 +874,15 @@ class GrpcConnection(asyncio.Protocol):
         if call._deadline is not None:
             call._deadline.cancel()
             call._deadline = None
-        if not was_done and call.on_cancel is not None:
-            self._guarded(call.on_cancel, call)
+        if not was_done:
+            self._abandon(call)
+            if call.on_cancel is not None:
+                self._guarded(call.on_cancel, call)
+
+    def _abandon(self, call: Call) -> None:
+        if call._owed and not call._abandoned:
+            call._abandoned = True
+            self.abandoned += 1
 
     # -- frames out --------------------------------------------------------------------------
 
@@ -1012,13 +1076,6 @@ class _ConnectionError(Exception):
         self.message = message
 
 
-class _CallError(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 def _unpad(payload: bytes) -> bytes:
     if not payload:
         raise _ConnectionError(PROTOCOL_ERROR, "a padded frame without its pad length")
@@ -1098,8 +1155,10 @@ class GrpcServer:
         self.body_timeout_s = body_timeout_s
         self.max_message_bytes = max_message_bytes
         self.max_metadata_bytes = max_metadata_bytes
-        # Request bytes a connection may hold before the client's window stops being granted: room for one
-        # message of the largest size, at least 4 MiB.
+        self.max_header_block_bytes = max(65536, 4 * max_metadata_bytes)
+        # Unread request bytes a connection may hold before its streams' windows stop being granted (but the
+        # oldest's): room for one message of the largest size, at least 4 MiB. Past it a connection holds at
+        # most one STREAM_WINDOW more per open stream.
         self.buffer_bytes = buffer_bytes or min(
             MAX_WINDOW - DEFAULT_WINDOW, max(4 << 20, max_message_bytes + 5)
         )

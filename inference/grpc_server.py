@@ -341,8 +341,10 @@ class GrpcFrontEnd:
         except InferenceError as exc:
             _fail(call, exc)
             return
-        if not call.done:
-            self._submit(call, raw, principal, received)
+        if call.done:  # cancelled meanwhile
+            call.release()
+            return
+        self._submit(call, raw, principal, received)
 
     def _submit(self, call: Call, raw: bytes, principal: Principal | None, received: int) -> None:
         try:
@@ -358,7 +360,8 @@ class GrpcFrontEnd:
         pending.payload.on_done = partial(self._infer_done, call, mv, pending, received)
 
     def _infer_done(self, call: Call, mv: ModelVersion, pending: Pending, received: int, result: Any) -> None:
-        if call.done:  # cancelled by the client, or past its deadline
+        if call.done:  # cancelled by the client, or past its deadline: its work is over now
+            call.release()
             return
         try:
             payload = self._answer(mv, pending, result)
@@ -394,6 +397,9 @@ class GrpcFrontEnd:
         except InferenceError as exc:
             self._refuse_stream(call, exc)
             return
+        if call.done:  # cancelled meanwhile
+            call.release()
+            return
         self._open_stream(call, principal)
         call.resume()
 
@@ -407,15 +413,24 @@ class GrpcFrontEnd:
             timer.cancel()
             _fail(call, exc)
 
+        def cancelled() -> None:
+            timer.cancel()
+            call.release()
+
         call.on_message = refuse
         call.on_end = refuse
-        call.on_cancel = timer.cancel
+        call.on_cancel = cancelled
         call.resume()
 
     def _open_stream(self, call: Call, principal: Principal | None) -> None:
         stream = _Stream(call)
         call.on_message = partial(self._stream_one, stream, principal)
         call.on_end = partial(self._stream_end, stream)
+        call.on_cancel = partial(self._stream_cancelled, stream)
+
+    def _stream_cancelled(self, stream: _Stream) -> None:
+        if stream.due == 0:  # else the last answer due releases it
+            stream.call.release()
 
     def _stream_one(self, stream: _Stream, principal: Principal | None, raw: bytes) -> None:
         received = time.monotonic_ns()
@@ -459,8 +474,8 @@ class GrpcFrontEnd:
         call = stream.call
         call.send(answer)
         stream.due -= 1
-        if stream.ended and stream.due == 0:
-            call.finish()
+        if stream.due == 0 and (stream.ended or call.done):
+            call.finish()  # or, cancelled, says its work is over
         elif stream.due < STREAM_WINDOW:
             call.resume()
 

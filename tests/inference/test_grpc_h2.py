@@ -10,7 +10,6 @@ import socket
 import struct
 import threading
 import time
-import tracemalloc
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,6 +53,9 @@ def _methods(toy: Toy) -> dict[str, Method]:
     def never(call: Call, message: bytes | None) -> None:
         call.on_cancel = lambda: toy.cancelled.append(call.method)
 
+    def release(call: Call, message: bytes | None) -> None:
+        call.on_cancel = lambda: toy.loop.call_later(0.05, call.release)
+
     def fail(call: Call, message: bytes | None) -> None:
         call.fail(h2.NOT_FOUND, "nö modél: 100% gone\nreally", [("retry-after", "1")])
 
@@ -78,6 +80,20 @@ def _methods(toy: Toy) -> dict[str, Method]:
         if call.header(b"x-key") != b"ok":
             call.fail(h2.UNAUTHENTICATED, "no key")
 
+    def gate(call: Call, message: bytes | None) -> None:
+        # The first message pauses the call for a while; every later one pauses it, is answered and resumes it
+        # at once, as a refusal does in the gateway's stream.
+        def on_message(message: bytes) -> None:
+            call.pause()
+            call.send(message)
+            if message == b"first":
+                toy.loop.call_later(0.3, call.resume)
+            else:
+                call.resume()
+
+        call.on_message = on_message
+        call.on_end = call.finish
+
     def length(call: Call, message: bytes | None) -> None:
         call.reply(str(len(message or b"")).encode())
 
@@ -87,10 +103,12 @@ def _methods(toy: Toy) -> dict[str, Method]:
         "/t.T/Later": Method(later),
         "/t.T/Never": Method(never),
         "/t.T/Fail": Method(fail),
+        "/t.T/Release": Method(release),
         "/t.T/Boom": Method(boom),
         "/t.T/Metadata": Method(metadata),
         "/t.T/Chat": Method(chat, streaming=True),
         "/t.T/Length": Method(length),
+        "/t.T/Gate": Method(gate, streaming=True),
         "/t.T/Keyed": Method(length, admit=admit),
         "/t.T/Hold": Method(hold, streaming=True),
     }
@@ -198,7 +216,7 @@ def test_a_message_over_the_limit_is_resource_exhausted_and_the_server_keeps_ser
     with grpc.insecure_channel(toy.url, options=OPTIONS) as channel, pytest.raises(grpc.RpcError) as caught:
         _unary(channel, "Echo")(bytes(MAX_MESSAGE + 1), timeout=30)
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert str(MAX_MESSAGE) in (caught.value.details() or "")
+    assert f"({MAX_MESSAGE + 1} vs. {MAX_MESSAGE})" in (caught.value.details() or "")
     assert _serving(toy)
 
 
@@ -209,12 +227,21 @@ def test_metadata_over_the_limit_is_resource_exhausted(toy: Toy) -> None:
     assert _serving(toy)
 
 
-def test_compressed_requests_are_inflated(toy: Toy) -> None:
-    message = b"compress me " * 10_000
+def test_compressed_requests_are_unimplemented_and_answers_say_so(toy: Toy) -> None:
     with grpc.insecure_channel(toy.url, compression=grpc.Compression.Gzip) as channel:
-        assert _unary(channel, "Echo")(message, timeout=10) == message
-    with grpc.insecure_channel(toy.url, compression=grpc.Compression.Deflate) as channel:
-        assert _unary(channel, "Echo")(message, timeout=10) == message
+        with pytest.raises(grpc.RpcError) as caught:
+            _unary(channel, "Echo")(b"compress me " * 1000, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "uncompressed" in (caught.value.details() or "")
+    raw = Raw(toy.port)  # grpc's clients keep grpc-* headers to themselves: read them raw
+    try:
+        raw.headers(1, "/t.T/Echo")
+        raw.message(1, b"plain")
+        decoder = hpack.Decoder()
+        blocks = [decoder.decode(p) for kind, _, sid, p in raw.frames(1) if kind == h2.HEADERS and sid == 1]
+    finally:
+        raw.close()
+    assert ("grpc-accept-encoding", "identity") in blocks[0]
 
 
 def test_a_call_the_client_cancels_tells_its_handler(toy: Toy) -> None:
@@ -336,28 +363,19 @@ def test_a_malformed_grpc_timeout_is_invalid_argument(raw: Raw, timeout: str) ->
     assert raw.status(1)[0] == str(grpc.StatusCode.INVALID_ARGUMENT.value[0])
 
 
-def test_a_gzip_bomb_is_refused_at_the_message_limit(toy: Toy, raw: Raw) -> None:
-    bomb = gzip.compress(bytes(MAX_MESSAGE * 4))
-    assert len(bomb) < MAX_MESSAGE // 100
+def test_a_compressed_message_is_refused_before_it_is_read_whatever_its_encoding(toy: Toy, raw: Raw) -> None:
+    bomb = gzip.compress(bytes(MAX_MESSAGE))
     raw.headers(1, "/t.T/Echo", (("grpc-encoding", "gzip"),))
     raw.message(1, bomb, compressed=1)
     status, message = raw.status(1)
-    assert status == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]) and str(MAX_MESSAGE) in message
-    assert _serving(toy)
-
-
-def test_an_unknown_compression_is_unimplemented_and_a_compressed_message_without_one_internal(
-    raw: Raw,
-) -> None:
-    raw.headers(1, "/t.T/Echo", (("grpc-encoding", "snappy"),))
-    raw.message(1, b"xx", compressed=1)
-    assert raw.status(1) == (
-        str(grpc.StatusCode.UNIMPLEMENTED.value[0]),
-        "compression algorithm 'snappy' is not supported",
-    )
+    assert status == str(grpc.StatusCode.UNIMPLEMENTED.value[0]) and "'gzip'" in message
     raw.headers(3, "/t.T/Echo")
     raw.message(3, b"xx", compressed=1)
-    assert raw.status(3)[0] == str(grpc.StatusCode.INTERNAL.value[0])
+    assert raw.status(3)[0] == str(grpc.StatusCode.UNIMPLEMENTED.value[0])
+    raw.headers(5, "/t.T/Echo")
+    raw.message(5, b"xx", compressed=2)
+    assert raw.status(5)[0] == str(grpc.StatusCode.INTERNAL.value[0])
+    assert _serving(toy)
 
 
 def test_a_unary_call_with_two_messages_or_none_is_invalid_argument(raw: Raw) -> None:
@@ -433,6 +451,18 @@ def test_a_connection_without_the_preface_is_closed_and_others_are_served(toy: T
     assert _serving(toy)
 
 
+def test_a_request_sent_a_byte_at_a_time_is_answered(raw: Raw) -> None:
+    block = raw.encoder.encode(
+        [(":method", "POST"), (":path", "/t.T/Echo"), ("content-type", "application/grpc")]
+    )
+    wire = h2.frame(h2.HEADERS, h2.END_HEADERS, 1, block) + h2.frame(
+        h2.DATA, h2.END_STREAM, 1, b"\x00" + struct.pack(">I", 3) + b"abc"
+    )
+    for i in range(len(wire)):
+        raw.sock.sendall(wire[i : i + 1])
+    assert raw.status(1) == ("0", "")
+
+
 def test_pings_are_answered_and_settings_acknowledged(raw: Raw) -> None:
     raw.send(h2.PING, 0, 0, b"12345678")
     seen = list(raw.frames(1))
@@ -454,7 +484,7 @@ def test_a_paused_stream_is_granted_no_window_and_a_client_that_sends_past_it_is
     raw.headers(1, "/t.T/Hold")
     raw.message(1, b"first", end=False)  # the handler pauses the call on it
     time.sleep(0.2)
-    chunk = bytes(h2.OUR_MAX_FRAME_SIZE // 2)
+    chunk = bytes(h2.STREAM_WINDOW // 2)
     raw.send(h2.DATA, 0, 1, chunk)
     updates = [p for kind, _, sid, p in raw.frames(1) if kind == h2.WINDOW_UPDATE and sid == 1]
     assert updates == []  # nothing granted back while paused
@@ -527,27 +557,30 @@ def test_connections_past_the_limit_are_refused_with_goaway(strict: Toy) -> None
         second.close()
 
 
-def test_compressed_messages_wait_compressed_and_are_inflated_one_at_a_time(toy: Toy) -> None:
-    bomb = gzip.compress(bytes(MAX_MESSAGE))  # inflates to the largest message allowed
-    client = Raw(toy.port)
-    tracemalloc.start()
-    try:
-        streams = range(1, 21, 2)
-        for stream_id in streams:  # ten messages that would hold 80 MiB inflated, none ended yet
-            client.headers(stream_id, "/t.T/Length", (("grpc-encoding", "gzip"),))
-            client.message(stream_id, bomb, compressed=1, end=False)
-        time.sleep(0.3)
-        _, held_peak = tracemalloc.get_traced_memory()
-        for stream_id in streams:
-            client.send(h2.DATA, h2.END_STREAM, stream_id)
-        answers = [p for kind, _, _, p in client.frames(3) if kind == h2.DATA]
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-        client.close()
-    assert answers == [b"\x00" + struct.pack(">I", 7) + str(MAX_MESSAGE).encode()] * 10
-    assert held_peak < 8 << 20  # what came on the wire, not what it inflates to
-    assert peak < 40 << 20  # one inflated message at a time (and the decompressor's copy)
+def test_calls_a_client_resets_count_against_its_streams_until_their_work_is_over(toy: Toy, raw: Raw) -> None:
+    # Rapid reset: each call is sent whole and reset at once; its handler's work goes on (Never holds it).
+    for stream_id in range(1, 2 * (h2.MAX_CONCURRENT_STREAMS + 50), 2):
+        raw.headers(stream_id, "/t.T/Never")
+        raw.message(stream_id, b"")
+        raw.send(h2.RST_STREAM, 0, stream_id, struct.pack(">I", h2.CANCEL))
+    refused = [
+        sid
+        for kind, _, sid, p in raw.frames(2)
+        if kind == h2.RST_STREAM and p == struct.pack(">I", h2.REFUSED_STREAM)
+    ]
+    assert len(refused) == 50  # the calls past the limit were never started
+    assert len(toy.cancelled) == h2.MAX_CONCURRENT_STREAMS
+
+
+def test_a_released_call_frees_its_place(toy: Toy, raw: Raw) -> None:
+    for stream_id in range(1, 2 * h2.MAX_CONCURRENT_STREAMS + 1, 2):
+        raw.headers(stream_id, "/t.T/Release")
+        raw.message(stream_id, b"")
+        raw.send(h2.RST_STREAM, 0, stream_id, struct.pack(">I", h2.CANCEL))
+    time.sleep(0.3)  # Release's handler says its work is over 0.05 s after the reset
+    raw.headers(1001, "/t.T/Echo")
+    raw.message(1001, b"room")
+    assert raw.status(1001) == ("0", "")
 
 
 def test_a_call_its_admission_refuses_is_answered_before_its_message_is_sent(raw: Raw) -> None:
@@ -567,19 +600,39 @@ def test_a_stream_whose_answers_are_not_read_stops_taking_messages_until_they_ar
     try:
         client.headers(1, "/t.T/Chat")
         message = bytes(1024)
-        for _ in range(1400):
+        for _ in range(1100):  # within the windows granted until delivery stops
             client.message(1, message, end=False)
         list(client.frames(1))
-        # Delivery stops once STREAM_WINDOW bytes of answers wait; the rest of the messages wait with them.
-        assert toy.delivered <= h2.STREAM_WINDOW // 1029 + 1
+        # Delivery stops once ANSWER_BACKLOG_BYTES of answers wait; the rest of the messages wait with them.
+        assert toy.delivered <= h2.ANSWER_BACKLOG_BYTES // 1029 + 1
         client.send(h2.SETTINGS, 0, 0, struct.pack(">HI", h2.SETTINGS_INITIAL_WINDOW_SIZE, 8 << 20))
         client.send(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", 16 << 20))
         client.send(h2.DATA, h2.END_STREAM, 1)
         data = b"".join(p for kind, _, sid, p in client.frames(3) if kind == h2.DATA and sid == 1)
     finally:
         client.close()
-    assert toy.delivered == 1400
-    assert data == (b"\x00" + struct.pack(">I", 1024) + message) * 1400
+    assert toy.delivered == 1100
+    assert data == (b"\x00" + struct.pack(">I", 1024) + message) * 1100
+
+
+def test_messages_that_waited_on_a_paused_stream_are_handed_over_without_recursion(toy: Toy) -> None:
+    messages = [b"first"] + [b"m%d" % i for i in range(3000)]
+    with grpc.insecure_channel(toy.url) as channel:
+        gate = channel.stream_stream("/t.T/Gate", request_serializer=None, response_deserializer=None)
+        assert list(gate(iter(messages), timeout=30)) == messages
+
+
+async def test_many_large_requests_at_once_on_one_connection_all_complete() -> None:
+    # More unfinished request data than the connection's buffer: the oldest stream is always fed, so each
+    # completes in turn instead of all waiting for a window.
+    with _running(buffer_bytes=1 << 20) as toy:
+        async with grpc.aio.insecure_channel(toy.url, options=OPTIONS) as channel:
+            length = channel.unary_unary("/t.T/Length", request_serializer=None, response_deserializer=None)
+            sizes = [(1 << 20) + i * 1000 for i in range(12)]
+            answers = await asyncio.wait_for(
+                asyncio.gather(*(length(bytes(size), timeout=60) for size in sizes)), 60
+            )
+    assert answers == [str(size).encode() for size in sizes]
 
 
 # -- the header codec ---------------------------------------------------------------------------
