@@ -18,7 +18,7 @@ ended the stream) or streaming (its handler gets the call when the headers arriv
 ``Call.on_message``). A handler answers with ``Call.reply`` / ``Call.fail`` (unary) or ``Call.send`` then
 ``Call.finish``; it may do so later, from a callback on the event loop. Paths not served are UNIMPLEMENTED.
 
-Limits, each answered as grpc's own server answers it: a message whose length prefix is over
+Limits: a message whose length prefix is over
 ``max_message_bytes`` is RESOURCE_EXHAUSTED before any of it is kept; a header list over ``max_metadata_bytes``
 (each field's name and value plus 32 bytes, as HTTP/2 counts) is RESOURCE_EXHAUSTED; a content type that is
 not gRPC is HTTP 415. Compressed messages are UNIMPLEMENTED (answers say ``grpc-accept-encoding: identity``): a
@@ -33,14 +33,19 @@ request message within ``body_timeout_s`` of its headers (DEADLINE_EXCEEDED), or
 ended. One sweep a second times them all, so the request path reads no clock but the one a call starts with.
 Streaming calls may last as long as the client likes.
 
-Flow control: what a client may send is bounded by the windows this side grants. A stream's window is granted
-again as its data arrives while the connection holds less than ``buffer_bytes`` of messages not yet handed to a
-handler, and (streaming calls) while its handler has not paused it; so a client that sends faster than the
-server takes is held by HTTP/2 itself. Answers respect the client's
-windows and frame size. A client that does not grant windows for its answers is held too: a streaming call
-stops taking messages while ``STREAM_WINDOW`` bytes of its answers wait, and a connection whose waiting answers
-exceed ``buffer_bytes`` gets its new streams refused (REFUSED_STREAM, which clients retry). While the socket's
-buffer is over its high-water mark, reading pauses.
+Flow control: what a client may send is bounded by the windows this side grants. The connection's window is
+granted again as data arrives; a stream's (``STREAM_WINDOW``) as half of it is used, unless its messages wait
+for a paused handler, or the connection holds ``buffer_bytes`` of request data not yet handed over: then only
+the oldest stream in the middle of a message gets more, so that it completes and frees its share (no stream
+waits on a window that can never come). A client that does not grant windows for its answers is held too: a
+streaming call stops taking messages while ``ANSWER_BACKLOG_BYTES`` of its answers wait, and a connection whose
+waiting answers exceed ``buffer_bytes`` gets new streams refused (REFUSED_STREAM). While the socket's buffer is
+over its high-water mark, reading pauses.
+
+Cancelled work: a call the client resets, or whose deadline passes, while its handler still works keeps its
+place among the connection's ``MAX_CONCURRENT_STREAMS`` until the handler says its work is over
+(``Call.release``; ``reply``, ``fail`` and ``finish`` say it too): opening and resetting calls at once cannot
+queue unbounded work ("rapid reset").
 
 Threads: everything here runs on the event loop's thread.
 """
@@ -142,7 +147,7 @@ def literal(name: bytes, value: bytes) -> bytes:
     return b"\x00" + _int(len(name), 7) + name + _int(len(value), 7) + value
 
 
-# ':status: 200' is the static table's 8th entry; content-type is written out.
+# ':status: 200' is the static table's 8th entry; the other fields are written out.
 RESPONSE_HEADERS = (
     b"\x88" + literal(b"content-type", b"application/grpc") + literal(b"grpc-accept-encoding", b"identity")
 )
@@ -179,7 +184,7 @@ class Method(NamedTuple):
     """How a path is served: ``handler(call, message)`` once the request message arrived (unary), or
     ``handler(call, None)`` as the headers arrive and the messages through ``call.on_message`` (streaming).
     ``admit(call)``, if given, runs as the headers arrive (unary calls): it may refuse the call (``Call.fail``)
-    before its message is read or inflated, and may leave what it learnt in ``call.state``."""
+    before its message is read, and may leave what it learnt in ``call.state``."""
 
     handler: Callable[[Call, bytes | None], None]
     streaming: bool = False
@@ -353,9 +358,8 @@ class GrpcConnection(asyncio.Protocol):
         self._read_paused = False
         self._blocked: dict[int, Call] = {}  # calls with DATA waiting for a window
         self._starved: set[int] = set()  # streams whose window _grant held back
-        self.abandoned = (
-            0  # calls ended (cancelled, past their deadline) whose handlers still work (Call.release)
-        )
+        # Calls ended (cancelled, past their deadline) whose handlers still work (see Call.release).
+        self.abandoned = 0
         self._out: list[bytes] = []  # frames to write at the end of this read
         self._reading = False  # inside data_received: answers leave with the frames of the same read
         self._opened = 0.0
@@ -591,9 +595,9 @@ class GrpcConnection(asyncio.Protocol):
             or self._unsent() > self.server.buffer_bytes
         ):
             # Past the limit (which clients respect; calls they reset count until their work is over, see
-            # Call.release), or while the client leaves that much of its answers
-            # unread (its windows closed). A connection holding much unread request data does not refuse new
-            # streams (grpc clients fail a refused call as UNAVAILABLE): they wait for their windows instead.
+            # Call.release), or while the client leaves that much of its answers unread (its windows closed).
+            # Unread request data does not refuse new streams (grpc clients fail a refused call as
+            # UNAVAILABLE): they wait for their windows instead (_grant).
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
             return
         self._start_call(stream_id, flags, fields)
@@ -901,9 +905,7 @@ class GrpcConnection(asyncio.Protocol):
             return
         if not call.headers_sent:
             call.headers_sent = True
-            if not call.out and len(data) + 9 <= min(
-                call.send_window, self.send_window, self.peer_max_frame + 9
-            ):
+            if not call.out and len(data) <= min(call.send_window, self.send_window, self.peer_max_frame):
                 # The common answer: headers, one DATA frame and the trailers, in one write.
                 sid = call.stream_id
                 call.send_window -= len(data)
@@ -1002,8 +1004,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def _reset(self, call: Call, code: int) -> None:
         self._out.append(frame(RST_STREAM, 0, call.stream_id, _U32.pack(code)))
-        self.calls.pop(call.stream_id, None)
-        self._drop_buffer(call)
+        self._forget(call)
         self._cancelled(call)
 
     def _flush(self) -> None:

@@ -143,9 +143,8 @@ class GrpcFrontEnd:
         self.body_timeout_s = body_timeout_s
         self.port: int | None = None
         self._server: GrpcServer | None = None
-        self._tasks: set[asyncio.Task[None]] = (
-            set()
-        )  # calls that wait on a coroutine (non-infer, key lookups)
+        # Calls that wait on a coroutine (the non-infer calls, key store lookups), kept from the collector.
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
