@@ -28,10 +28,11 @@ on a thousand times what it sent, where an uncompressed request costs its sender
 
 Slow and greedy clients (the HTTP/1.1 protocol's settings, passed in): beyond ``max_connections`` a new
 connection gets GOAWAY and is closed; a connection must send its preface within ``header_timeout_s``, a header
-block or a frame once begun must be whole within ``header_timeout_s`` / ``body_timeout_s``, and a unary call's
-request message within ``body_timeout_s`` of its headers (DEADLINE_EXCEEDED), or the connection (the call) is
-ended. One sweep a second times them all, so the request path reads no clock but the one a call starts with.
-Streaming calls may last as long as the client likes.
+block or a frame once begun must be whole within ``header_timeout_s`` / ``body_timeout_s``, a unary call's
+request message within ``body_timeout_s`` of its headers and a streaming call's messages within
+``body_timeout_s`` of their first bytes (DEADLINE_EXCEEDED), or the connection (the call) is ended. One sweep a
+second times them all, so the request path reads no clock but when a call or a stream's message starts.
+Streaming calls may last, and idle between messages, as long as the client likes.
 
 Flow control: what a client may send is bounded by the windows this side grants. The connection's window is
 granted again as data arrives; a stream's (``STREAM_WINDOW``) as half of it is used, unless its messages wait
@@ -205,6 +206,7 @@ class Call:
         "_deadline",
         "_delivering",
         "_expected",
+        "_message_since",
         "_messages",
         "_owed",
         "_paused",
@@ -252,6 +254,7 @@ class Call:
         # Whole messages not yet handed over (unary: the one; streaming: those waiting while the call is paused
         # or its answers wait for the client's window).
         self._messages: list[bytes] = []
+        self._message_since = 0.0  # when the message being read began (streaming calls)
         self._paused = False
         self._owed = False  # its handler runs or has work in progress (set before the handler is called)
         self._abandoned = False  # ended while owed: counted in the connection's ``abandoned``
@@ -705,6 +708,8 @@ class GrpcConnection(asyncio.Protocol):
                     )
                     return
                 call._expected = declared
+                if not call._unary:  # a unary call's message is timed from its headers (swept)
+                    call._message_since = time.monotonic()
                 if compressed == 1:
                     self._drop_buffer(call)
                     encoding = (call.header(b"grpc-encoding") or b"").decode("latin-1")[:40]
@@ -845,6 +850,7 @@ class GrpcConnection(asyncio.Protocol):
         call._buffer = bytearray()
         call._messages = []
         call._expected = -1
+        self._feed_starved()  # the connection holds less, and this may have been the oldest stream fed
 
     # -- running handlers --------------------------------------------------------------------
 
@@ -1057,6 +1063,22 @@ class GrpcConnection(asyncio.Protocol):
                     DEADLINE_EXCEEDED,
                     f"the request message did not arrive within {server.body_timeout_s:.0f} s of its headers",
                 )
+                if call.on_cancel is not None:
+                    self._guarded(call.on_cancel, call)
+            elif (
+                not call._unary
+                and call._buffer
+                and not call.done
+                and now - call._message_since > server.body_timeout_s
+            ):
+                # A stream may idle between messages, not inside one: a message once begun holds its share of
+                # the connection (and, being the oldest, may be the one stream still fed, see _grant).
+                call._end(
+                    DEADLINE_EXCEEDED,
+                    f"a request message on the stream did not arrive within {server.body_timeout_s:.0f} s of its"
+                    " start",
+                )
+                self._abandon(call)
                 if call.on_cancel is not None:
                     self._guarded(call.on_cancel, call)
         self._flush()

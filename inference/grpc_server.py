@@ -340,6 +340,10 @@ class GrpcFrontEnd:
         except InferenceError as exc:
             _fail(call, exc)
             return
+        except Exception:  # the call must still be answered (and released)
+            log.exception("looking up a gRPC call's API key failed")
+            _fail(call, InferenceError("internal error while checking the API key", 500))
+            return
         if call.done:  # cancelled meanwhile
             call.release()
             return
@@ -395,6 +399,10 @@ class GrpcFrontEnd:
             principal = await self._authenticate(authorization)
         except InferenceError as exc:
             self._refuse_stream(call, exc)
+            return
+        except Exception:  # the stream must still be answered (and released)
+            log.exception("looking up a gRPC stream's API key failed")
+            self._refuse_stream(call, InferenceError("internal error while checking the API key", 500))
             return
         if call.done:  # cancelled meanwhile
             call.release()

@@ -533,6 +533,18 @@ def test_a_unary_request_that_does_not_arrive_in_time_is_deadline_exceeded_and_a
         client.close()
 
 
+def test_a_stream_message_left_unfinished_ends_the_stream(strict: Toy) -> None:
+    client = Raw(strict.port)
+    try:
+        client.headers(1, "/t.T/Chat")
+        client.message(1, b"whole", end=False)
+        client.send(h2.DATA, 0, 1, b"\x00" + struct.pack(">I", 100) + b"part")  # 4 of 100 bytes, then nothing
+        status, message = client.status(1)
+    finally:
+        client.close()
+    assert status == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0]) and "of its start" in message
+
+
 def test_connections_past_the_limit_are_refused_with_goaway(strict: Toy) -> None:
     first, second = Raw(strict.port), Raw(strict.port)
     try:
@@ -633,6 +645,54 @@ async def test_many_large_requests_at_once_on_one_connection_all_complete() -> N
                 asyncio.gather(*(length(bytes(size), timeout=60) for size in sizes)), 60
             )
     assert answers == [str(size).encode() for size in sizes]
+
+
+def test_streams_held_back_behind_a_stalled_oldest_one_are_fed_once_it_is_gone() -> None:
+    # More unfinished request data than the connection's buffer, and the oldest stream stalls mid-message:
+    # only it was being fed. Once the client resets it, the next oldest must be fed, and so on.
+    with _running(buffer_bytes=1 << 20) as toy:
+        client = Raw(toy.port)
+        try:
+            client.headers(1, "/t.T/Echo")
+            client.send(h2.DATA, 0, 1, b"\x00" + struct.pack(">I", 2 << 20) + bytes(200_000))  # then nothing
+            sizes = {sid: 900_000 for sid in range(3, 15, 2)}
+            for sid in sizes:
+                client.headers(sid, "/t.T/Length")
+            answers = _upload_obeying_windows(client, sizes, reset_after_s=1.5, reset_stream=1, timeout_s=10)
+        finally:
+            client.close()
+    assert answers == {sid: b"\x00" + struct.pack(">I", 6) + b"900000" for sid in sizes}
+
+
+def _upload_obeying_windows(
+    client: Raw, sizes: dict[int, int], reset_after_s: float, reset_stream: int, timeout_s: float
+) -> dict[int, bytes]:
+    """Sends a message of ``sizes[sid]`` bytes on each stream, no more at a time than its window allows (256 KiB
+    at first, then what WINDOW_UPDATEs grant); resets ``reset_stream`` after ``reset_after_s``; returns the
+    DATA each stream is answered with."""
+    bodies = {sid: b"\x00" + struct.pack(">I", n) + bytes(n) for sid, n in sizes.items()}
+    sent = dict.fromkeys(sizes, 0)
+    window = dict.fromkeys(sizes, h2.STREAM_WINDOW)
+    answers: dict[int, bytes] = {}
+    started = time.monotonic()
+    reset = False
+    while len(answers) < len(sizes) and time.monotonic() - started < timeout_s:
+        for sid, body in bodies.items():
+            chunk = body[sent[sid] : sent[sid] + window[sid]]  # one frame: windows stay under 1 MiB
+            if chunk:
+                end = sent[sid] + len(chunk) == len(body)
+                client.send(h2.DATA, h2.END_STREAM if end else 0, sid, chunk)
+                sent[sid] += len(chunk)
+                window[sid] -= len(chunk)
+        if not reset and time.monotonic() - started > reset_after_s:
+            client.send(h2.RST_STREAM, 0, reset_stream, struct.pack(">I", h2.CANCEL))
+            reset = True
+        for kind, _, sid, payload in client.frames(0.02):
+            if kind == h2.WINDOW_UPDATE and sid in window:
+                window[sid] += struct.unpack(">I", payload)[0]
+            elif kind == h2.DATA and sid in sizes:
+                answers[sid] = answers.get(sid, b"") + payload
+    return answers
 
 
 # -- the header codec ---------------------------------------------------------------------------
