@@ -30,8 +30,9 @@ Slow and greedy clients (the HTTP/1.1 protocol's settings, passed in): beyond ``
 connection gets GOAWAY and is closed; a connection must send its preface within ``header_timeout_s``, a header
 block or a frame once begun must be whole within ``header_timeout_s`` / ``body_timeout_s``, a unary call's
 request message within ``body_timeout_s`` of its headers and a streaming call's messages within
-``body_timeout_s`` of their first bytes (DEADLINE_EXCEEDED), or the connection (the call) is ended. One sweep a
-second times them all, so the request path reads no clock but when a call or a stream's message starts.
+``body_timeout_s`` of their first bytes (DEADLINE_EXCEEDED), or the connection (the call) is ended. One sweep
+(inference/sweeper.py, the HTTP protocol's too) times them all, at least every second, so the request path
+reads no clock but when a call or a stream's message starts.
 Streaming calls may last, and idle between messages, as long as the client likes.
 
 Flow control: what a client may send is bounded by the windows this side grants. The connection's window is
@@ -62,6 +63,8 @@ from typing import Any, NamedTuple, cast
 
 import hpack
 from hpack.exceptions import HPACKError
+
+from inference.sweeper import Sweeper
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +122,8 @@ ANSWER_BACKLOG_BYTES = 1 << 20
 # short ones only: a client's usual request is a few dozen bytes).
 MAX_REMEMBERED_BLOCKS = 64
 MAX_REMEMBERED_BLOCK_BYTES = 2048
-SWEEP_S = 1.0
+# The time-outs' sweep runs at least this often (more often for time-outs under 4 s): inference/sweeper.py.
+SWEEP_MAX_S = 1.0
 
 _U32 = struct.Struct(">I")
 _SETTING = struct.Struct(">HI")
@@ -172,12 +176,14 @@ def status_block(code: int, message: str, extra: Iterable[tuple[str, str]] = ())
     return block
 
 
+_TIMEOUT_UNITS_S = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+
 def parse_timeout(value: bytes) -> float | None:
     """grpc-timeout (``<digits><unit>``) in seconds; None when malformed."""
-    units = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
     if not 2 <= len(value) <= 9 or not value[:-1].isdigit():
         return None
-    unit = units.get(value[-1:])
+    unit = _TIMEOUT_UNITS_S.get(value[-1:])
     return None if unit is None else int(value[:-1]) * unit
 
 
@@ -382,6 +388,8 @@ class GrpcConnection(asyncio.Protocol):
             transport.close()
             return
         self.server.connections.add(self)
+        if self.server._sweeper is not None:
+            self.server._sweeper.watch()
         settings = (
             _SETTING.pack(SETTINGS_MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS)
             + _SETTING.pack(SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW)
@@ -971,6 +979,8 @@ class GrpcConnection(asyncio.Protocol):
             self._send_headers(call, trailers, True)
 
     def _unblock(self) -> None:
+        if not self._blocked:  # the common case: every answer went out whole
+            return
         for call in list(self._blocked.values()):
             self._write_out(call)
             if call._messages and not call._unary:
@@ -988,12 +998,10 @@ class GrpcConnection(asyncio.Protocol):
         if call._deadline is not None:
             call._deadline.cancel()
             call._deadline = None
-        if call.half_closed:
-            self._forget(call)
-        else:
+        if not call.half_closed:
             # The client is still sending (a refusal before its message ended): ask it to stop.
             self._out.append(frame(RST_STREAM, 0, call.stream_id, _U32.pack(NO_ERROR)))
-            self._forget(call)
+        self._forget(call)
 
     def _maybe_close(self, call: Call) -> None:
         if call.done and not call.out and call.trailers is None:
@@ -1099,6 +1107,14 @@ class _ConnectionError(Exception):
         self.message = message
 
 
+def _sweep(conn: GrpcConnection, now: float) -> None:
+    try:
+        conn.swept(now)
+    except Exception:  # the sweeper logs it; a connection it cannot time is not kept
+        conn._close()
+        raise
+
+
 def _unpad(payload: bytes) -> bytes:
     if not payload:
         raise _ConnectionError(PROTOCOL_ERROR, "a padded frame without its pad length")
@@ -1189,7 +1205,7 @@ class GrpcServer:
         self.closing = False
         self._server: asyncio.AbstractServer | None = None
         self._idle: asyncio.Event | None = None
-        self._sweeper: asyncio.TimerHandle | None = None
+        self._sweeper: Sweeper | None = None
 
     def protocol(self) -> GrpcConnection:
         return GrpcConnection(self)
@@ -1197,7 +1213,8 @@ class GrpcServer:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self.protocol, host, port, reuse_address=True)
-        self._sweeper = loop.call_later(SWEEP_S, self._sweep)
+        interval = min(SWEEP_MAX_S, self.header_timeout_s / 4, self.body_timeout_s / 4)
+        self._sweeper = Sweeper(loop, self.connections, interval, _sweep)
         sockets = self._server.sockets
         return int(sockets[0].getsockname()[1]) if sockets else port
 
@@ -1211,7 +1228,6 @@ class GrpcServer:
         server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
-            self._sweeper = None
         self._idle = asyncio.Event()
         for conn in list(self.connections):
             conn.goaway()
@@ -1224,17 +1240,6 @@ class GrpcServer:
                 break
         for conn in list(self.connections):
             conn._close()
-
-    def _sweep(self) -> None:
-        now = time.monotonic()
-        for conn in list(self.connections):
-            try:
-                conn.swept(now)
-            except Exception:  # one connection's failure must not stop the sweeps
-                log.exception("sweeping a gRPC connection failed")
-                conn._close()
-        if self._server is not None:
-            self._sweeper = asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
 
     def idle(self, conn: GrpcConnection) -> None:
         """A connection's last call has ended while the server stops: it closes once its frames are out."""

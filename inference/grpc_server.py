@@ -199,7 +199,7 @@ class GrpcFrontEnd:
 
     def _admit(self, call: Call) -> None:
         """Refuses a call whose key the cache knows to be missing, malformed, unknown or without the scope, as
-        its headers arrive: before its message is read or inflated. What the cache said stays in
+        its headers arrive: before its message is read. What the cache said stays in
         ``call.state`` (a principal, a KeyLookup for the key store to answer, or None: no keys checked)."""
         try:
             call.state = self._cached_principal(_authorization(call))

@@ -55,6 +55,7 @@ from typing import Any, ClassVar, Protocol, cast
 import httptools
 
 from inference.gateway import DirectInfer, wanted_headers
+from inference.sweeper import Sweeper
 
 log = logging.getLogger("uvicorn.error")  # the server's log, as the process's logging configuration names it
 access_log = logging.getLogger("uvicorn.access")
@@ -463,32 +464,13 @@ class _Refused(Exception):
     the parser from calling back for the rest of the data."""
 
 
-class _Sweeper:
-    """Closes the server's connections that are past their time-out: one timer for all of them, run about every
-    second while any connection is open (module docstring: why not a timer per request)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, connections: set[Any], interval_s: float) -> None:
-        self._loop = loop
-        self._connections = connections
-        self._interval_s = interval_s
-        self._handle: asyncio.TimerHandle | None = None
-
-    def watch(self) -> None:
-        if self._handle is None:
-            self._handle = self._loop.call_later(self._interval_s, self._sweep)
-
-    def _sweep(self) -> None:
-        self._handle = None
-        now = time.monotonic()
-        for conn in list(self._connections):  # closing one may change the set
-            if isinstance(conn, GatewayHttpProtocol):
-                conn._swept(now)
-        if self._connections:
-            self.watch()
+def _sweep(conn: Any, now: float) -> None:
+    if isinstance(conn, GatewayHttpProtocol):  # the server's set may hold other protocols' connections
+        conn._swept(now)
 
 
 # One sweeper per server (its state object is shared by all of a server's connections).
-_sweepers: weakref.WeakKeyDictionary[Any, _Sweeper] = weakref.WeakKeyDictionary()
+_sweepers: weakref.WeakKeyDictionary[Any, Sweeper] = weakref.WeakKeyDictionary()
 
 
 class GatewayHttpProtocol(asyncio.Protocol):
@@ -645,7 +627,7 @@ class GatewayHttpProtocol(asyncio.Protocol):
             interval = min(
                 _SWEEP_MAX_S, self.header_timeout_s / 4, self.body_timeout_s / 4, self._keep_alive_s / 4
             )
-            sweeper = _sweepers[self.server_state] = _Sweeper(self.loop, self.connections, interval)
+            sweeper = _sweepers[self.server_state] = Sweeper(self.loop, self.connections, interval, _sweep)
         sweeper.watch()
 
     def connection_lost(self, exc: Exception | None) -> None:
