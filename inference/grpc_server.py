@@ -15,8 +15,8 @@ HTTP/1.1 protocol serves its infer requests. Only calls that must await (a key s
 calls) run as tasks.
 
 Why not grpc.aio, which served here before: its own work per call (three tasks, four completion-queue events
-each handed from its poller thread to the loop) cost about 175 µs of CPU for a handler that only returns canned
-bytes; grpc_h2.py costs about 40 µs for the same (bench/README.md).
+each handed from its poller thread to the loop) made a gRPC request cost 357-388 µs of CPU, against 111-152 µs
+on grpc_h2.py (bench/README.md, compare_triton.py at concurrency 8 and 32, same host).
 
 Requests arrive as bytes and are parsed here: a message that is not protobuf is answered INVALID_ARGUMENT
 naming the problem. Methods this server does not serve (shared memory, model load and unload, trace and log
