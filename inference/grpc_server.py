@@ -72,7 +72,7 @@ GRPC_STATUS: dict[int, int] = {
 MAX_DETAILS_CHARS = 2000
 # Stream requests one ModelStreamInfer call may have waiting for their answers; reading the stream pauses at
 # this many, so that a client that never reads its answers cannot make the server hold an unbounded backlog.
-STREAM_WINDOW = 256
+MAX_STREAM_ANSWERS_DUE = 256
 # How long a stream refused for its key waits for the client's first message before it ends (see
 # _model_stream_infer).
 REFUSED_STREAM_READ_S = 5.0
@@ -229,7 +229,14 @@ class GrpcFrontEnd:
             raise
 
     async def _authorize(self, call: Call) -> Principal | None:
-        return await self._authenticate(_authorization(call))
+        """The caller of a keyed call: what the key cache said as its headers arrived (``_admit``, which refused
+        the call had the cache known the key to be bad), or the key store's answer where the cache could not
+        tell."""
+        state = call.state
+        if isinstance(state, KeyLookup):
+            return await self._authenticate(_authorization(call))
+        principal: Principal | None = state
+        return principal
 
     # -- the non-infer calls -----------------------------------------------------------------
 
@@ -442,7 +449,7 @@ class GrpcFrontEnd:
     def _stream_one(self, stream: _Stream, principal: Principal | None, raw: bytes) -> None:
         received = time.monotonic_ns()
         stream.due += 1
-        if stream.due >= STREAM_WINDOW:
+        if stream.due >= MAX_STREAM_ANSWERS_DUE:
             stream.call.pause()
         try:
             mv, pending = self._accept(raw, principal, received)
@@ -483,7 +490,7 @@ class GrpcFrontEnd:
         stream.due -= 1
         if stream.due == 0 and (stream.ended or call.done):
             call.finish()  # or, cancelled, says its work is over
-        elif stream.due < STREAM_WINDOW:
+        elif stream.due < MAX_STREAM_ANSWERS_DUE:
             call.resume()
 
     def _stream_end(self, stream: _Stream) -> None:
@@ -494,8 +501,8 @@ class GrpcFrontEnd:
 
 class _Stream:
     """One ModelStreamInfer call: its answers still due, and whether the client sent its last request. Reading
-    the stream pauses while STREAM_WINDOW answers are due, so that a client that never reads its answers cannot
-    make the server hold an unbounded backlog."""
+    the stream pauses while MAX_STREAM_ANSWERS_DUE answers are due, so that a client that never reads its
+    answers cannot make the server hold an unbounded backlog."""
 
     __slots__ = ("call", "due", "ended")
 
