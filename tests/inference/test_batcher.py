@@ -424,6 +424,72 @@ def test_batches_form_while_the_previous_one_runs() -> None:
     assert sizes == [4, 8]
 
 
+def test_the_next_batch_is_taken_as_a_batch_ends_before_its_answers_bring_more_requests() -> None:
+    """Two cohorts of a closed loop stay apart: the queued one is taken when the running batch ends, so the
+    requests its answers bring (sent here by the delivery itself, as clients do) wait for the batch after."""
+    sizes: list[list[str]] = []
+    first_running = threading.Event()
+    go = threading.Event()
+
+    def run(batch: list[Pending]) -> tuple[Sequence[Any], tuple[int, int, int]]:
+        sizes.append([p.payload for p in batch])
+        if len(sizes) == 1:
+            first_running.set()
+            go.wait(5)
+        return [p.payload for p in batch], (0, 0, 0)
+
+    delivered: list[Any] = []
+
+    def deliver(items: list[tuple[Pending, Any]]) -> None:
+        for p, _ in items:
+            delivered.append(p.payload)
+            if p.payload.startswith("a"):
+                b.enqueue(Pending("c" + p.payload[1:]))  # the client of an answered request sends again
+
+    b, _ = make(
+        policy(max_batch_size=4, preferred_batch_sizes=(2, 4), max_queue_delay_ns=1000 * MS),
+        run=run,
+        deliver=deliver,
+    )
+    b.start()
+    try:
+        b.enqueue(Pending("a1"))
+        b.enqueue(Pending("a2"))
+        assert first_running.wait(5)
+        b.enqueue(Pending("b1"))
+        b.enqueue(Pending("b2"))
+        go.set()
+        wait_for(lambda: len(delivered) == 6)
+    finally:
+        b.stop()
+    assert sizes == [["a1", "a2"], ["b1", "b2"], ["c1", "c2"]]
+
+
+def test_a_batch_taken_at_the_end_of_another_runs_even_when_stop_comes_meanwhile() -> None:
+    ran: list[str] = []
+    first_running = threading.Event()
+    go = threading.Event()
+
+    def run(batch: list[Pending]) -> tuple[Sequence[Any], tuple[int, int, int]]:
+        ran.extend(p.payload for p in batch)
+        if not first_running.is_set():
+            first_running.set()
+            go.wait(5)
+        return [p.payload for p in batch], (0, 0, 0)
+
+    b, delivered = make(policy(max_batch_size=2, preferred_batch_sizes=(2,)), run=run)
+    b.start()
+    b.enqueue(Pending("a1"))
+    b.enqueue(Pending("a2"))
+    assert first_running.wait(5)
+    b.enqueue(Pending("b1"))
+    b.enqueue(Pending("b2"))
+    go.set()
+    b.stop()
+    assert sorted(p.payload for p, result in delivered if result == p.payload) == sorted(ran)
+    assert len(delivered) == 4  # run, or refused as the model stops: every request is answered once
+
+
 def test_stop_rejects_what_is_still_queued() -> None:
     b, delivered = make(policy(max_queue_delay_ns=1000 * MS))
     b.enqueue(Pending("never-run"))
