@@ -3,9 +3,8 @@
 One queue per model version; each model instance owns a thread that takes the batching
 decision itself: it waits on the lock-protected queue with a precise timeout, pops the batch,
 runs it, and hands the results to ``deliver`` once per batch. The next batch forms while the
-current one runs, is taken the moment it ends (before the current one's answers go out) and starts
-right after them, with no event-loop round trip: a hop through the event loop per batch would cost a
-wake-up on the serving path's busiest thread.
+current one runs and starts the moment it ends, with no event-loop round trip: a hop through the
+event loop per batch would cost a wake-up on the serving path's busiest thread.
 
 Triton's rules (``dynamic_batching`` in config.pbtxt), each unit-tested in
 tests/inference/test_batcher.py:
@@ -538,15 +537,11 @@ class DynamicBatcher:
             self._reject_timed_out(expired)
             if not n:
                 return True
-        while batch:
-            batch = self._run_batch(index, run, batch)
+        self._run_batch(index, run, batch)
         return True
 
-    def _run_batch(self, index: int, run: ExecuteFn, batch: list[Pending]) -> list[Pending]:
-        """Runs one batch and answers it; returns the next batch when one was due as this one ended (else [])."""
+    def _run_batch(self, index: int, run: ExecuteFn, batch: list[Pending]) -> None:
         clock = self._clock
-        following: list[Pending] = []
-        expired: list[Pending] = []
         finishing = False
         try:
             for hook in self._hooks:
@@ -580,17 +575,6 @@ class DynamicBatcher:
                 self.planner.batch_done(
                     sum(p.rows for p in batch), end - start, [end - p.enqueued_ns for p in batch], end
                 )
-            # The next batch is taken now, as the instance becomes free, not after this one's hooks and answers:
-            # answering wakes the event loop, which then holds the GIL this thread needs while the answered
-            # clients' next requests arrive. Taken after, the queue would often hold both cohorts of a closed loop
-            # and run them as one batch, with nothing queued behind it.
-            with self._lock:
-                if not self._stopping:
-                    if self._deadlines and self._deadlines[0][0] <= end:
-                        expired = self._expire_due(end)
-                    n, _ = self.plan(end)
-                    if n:
-                        following = self._pop(n)
             for hook in self._hooks:
                 try:
                     hook.end(index, batch, timing, error)
@@ -603,13 +587,7 @@ class DynamicBatcher:
             self._finish(list(zip(batch, results, strict=True)))
         except Exception:
             self._fail_batch(batch, finishing)
-            if following:
-                self._fail_batch(following, False)
             raise
-        finally:
-            if expired:
-                self._reject_timed_out(expired)
-        return following
 
     def _fail_batch(self, batch: list[Pending], finishing: bool) -> None:
         """Answers a batch whose iteration failed with a 500, so that no client waits for it forever."""
