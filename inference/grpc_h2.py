@@ -65,7 +65,7 @@ from typing import Any, NamedTuple, cast
 import hpack
 from hpack.exceptions import HPACKError
 
-from inference.sweeper import Sweeper
+from inference.sweeper import Sweeper, interval_for
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,6 @@ ANSWER_BACKLOG_BYTES = 1 << 20
 # short ones only: a client's usual request is a few dozen bytes).
 MAX_REMEMBERED_BLOCKS = 64
 MAX_REMEMBERED_BLOCK_BYTES = 2048
-# The time-outs' sweep runs at least this often (more often for time-outs under 4 s): inference/sweeper.py.
-SWEEP_MAX_S = 1.0
 
 _U32 = struct.Struct(">I")
 _SETTING = struct.Struct(">HI")
@@ -1214,7 +1212,7 @@ class GrpcServer:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self.protocol, host, port, reuse_address=True)
-        interval = min(SWEEP_MAX_S, self.header_timeout_s / 4, self.body_timeout_s / 4)
+        interval = interval_for(self.header_timeout_s, self.body_timeout_s)
         self._sweeper = Sweeper(loop, self.connections, interval, _sweep)
         sockets = self._server.sockets
         return int(sockets[0].getsockname()[1]) if sockets else port

@@ -55,7 +55,7 @@ from typing import Any, ClassVar, Protocol, cast
 import httptools
 
 from inference.gateway import DirectInfer, wanted_headers
-from inference.sweeper import Sweeper
+from inference.sweeper import Sweeper, interval_for
 
 log = logging.getLogger("uvicorn.error")  # the server's log, as the process's logging configuration names it
 access_log = logging.getLogger("uvicorn.access")
@@ -89,7 +89,6 @@ _HEADER = 1  # a request's header block is arriving: the header time-out runs
 _BODY = 2  # its body is arriving: the body time-out runs
 _IDLE = 3  # answering: no time-out
 _KEEP_ALIVE = 4  # answered, nothing more asked: the keep-alive time-out runs
-_SWEEP_MAX_S = 1.0
 
 
 class FlowControl:
@@ -624,9 +623,7 @@ class GatewayHttpProtocol(asyncio.Protocol):
         self._since = time.monotonic()
         sweeper = _sweepers.get(self.server_state)
         if sweeper is None:
-            interval = min(
-                _SWEEP_MAX_S, self.header_timeout_s / 4, self.body_timeout_s / 4, self._keep_alive_s / 4
-            )
+            interval = interval_for(self.header_timeout_s, self.body_timeout_s, self._keep_alive_s)
             sweeper = _sweepers[self.server_state] = Sweeper(self.loop, self.connections, interval, _sweep)
         sweeper.watch()
 

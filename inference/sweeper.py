@@ -17,6 +17,14 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+# A sweep runs at least this often, and four times within the shortest time-out it serves (see interval_for).
+SWEEP_MAX_S = 1.0
+
+
+def interval_for(*timeouts_s: float) -> float:
+    """The sweep interval for connections with these time-outs: a quarter of the shortest, at most SWEEP_MAX_S."""
+    return min(SWEEP_MAX_S, *(t / 4 for t in timeouts_s))
+
 
 class Sweeper:
     """Calls ``visit(connection, now)`` for each connection in ``connections`` (a set the server keeps) about
