@@ -11,7 +11,6 @@ import json
 import selectors
 import socket
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +19,6 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.http as httpclient
-import uvicorn
 from django.conf import settings as django_settings
 from django.core.management import call_command
 
@@ -30,7 +28,7 @@ from inference.http_protocol import GatewayHttpProtocol
 from inference.keys import Principal
 from inference.repository import GatewayOptions
 from tests.support.models import build_test_repository
-from tests.support.servers import free_port
+from tests.support.servers import free_port, serve_asgi
 
 KEY = "slow-clients-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -60,37 +58,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
     # the test process with its clients and with whatever threads earlier tests left, and the tests time it.
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(django_settings.GATEWAY_SWITCH_INTERVAL_S)
-    server: uvicorn.Server | None = None
-    thread: threading.Thread | None = None
     try:
         repo = build_test_repository(tmp_path_factory.mktemp("models"), f"127.0.0.1:{free_port()}")
         gateway = Gateway(repo, GatewayOptions(remote_timeout_s=1.0), resolver)
-        port = free_port()
-        config = uvicorn.Config(
-            gateway,
-            host="127.0.0.1",
-            port=port,
-            loop="asyncio",
-            http=QuickProtocol,
-            lifespan="on",
-            access_log=False,
-            log_level="warning",
-        )
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "test server did not start"
-            time.sleep(0.01)
-        # The first requests pay one-time costs (the key's lookup, Django's first ASGI request, the model's
-        # first batch); the tests time how good requests fare beside stalled ones, not those.
-        assert_good_requests_answered("127.0.0.1", port)
-        yield "127.0.0.1", port
+        with serve_asgi(gateway, protocol=QuickProtocol) as address:
+            host, port = address.rsplit(":", 1)
+            # The first requests pay one-time costs (the key's lookup, Django's first ASGI request, the model's
+            # first batch); the tests time how good requests fare beside stalled ones, not those.
+            assert_good_requests_answered(host, int(port))
+            yield host, int(port)
     finally:
-        if server is not None and thread is not None:
-            server.should_exit = True
-            thread.join(30)
         sys.setswitchinterval(switch_interval)
 
 

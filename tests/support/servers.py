@@ -43,16 +43,22 @@ def free_port_block(n: int) -> int:
 
 
 @contextmanager
-def serve_asgi(app: Any, timeout_s: float = 30.0, **config_options: Any) -> Iterator[str]:
-    """Yield ``host:port`` once the app's lifespan start-up has completed; ``config_options`` go to
-    ``uvicorn.Config`` (``timeout_keep_alive``, say)."""
+def serve_asgi(
+    app: Any,
+    timeout_s: float = 30.0,
+    protocol: type[GatewayHttpProtocol] = GatewayHttpProtocol,
+    **config_options: Any,
+) -> Iterator[str]:
+    """Yield ``host:port`` once the app's lifespan start-up has completed; ``protocol`` is the serving protocol
+    (a subclass with other limits, say); ``config_options`` go to ``uvicorn.Config`` (``timeout_keep_alive``,
+    say)."""
     port = free_port()
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
         port=port,
         loop="asyncio",
-        http=GatewayHttpProtocol,  # as `manage.py serve` serves
+        http=protocol,  # as `manage.py serve` serves
         lifespan="on",
         access_log=False,
         log_level="warning",
