@@ -8,15 +8,14 @@ import asyncio
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 from inference.http_protocol import GatewayHttpProtocol
+from tests.support.servers import serve_asgi
 
 disconnects: list[str] = []  # paths whose application saw http.disconnect while reading the body
 
@@ -88,28 +87,15 @@ class RecordingProtocol(GatewayHttpProtocol):
 @pytest.fixture
 def server_port() -> Iterator[int]:
     socket_writes.clear()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
+    with serve_asgi(
         _app,
-        http=RecordingProtocol,
+        timeout_s=10,
+        protocol=RecordingProtocol,
         lifespan="off",
         log_level="critical",  # the failing application's traceback is expected
-        loop="asyncio",
         timeout_keep_alive=0.5,
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "test server did not start"
-        time.sleep(0.01)
-    yield port
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    ) as address:
+        yield int(address.rsplit(":", 1)[1])
 
 
 def _read_response(conn: socket.socket) -> bytes:

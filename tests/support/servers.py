@@ -51,19 +51,16 @@ def serve_asgi(
 ) -> Iterator[str]:
     """Yield ``host:port`` once the app's lifespan start-up has completed; ``protocol`` is the serving protocol
     (a subclass with other limits, say); ``config_options`` go to ``uvicorn.Config`` (``timeout_keep_alive``,
-    say)."""
+    say) and may replace the defaults below (``lifespan``, ``log_level``)."""
     port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        loop="asyncio",
-        http=protocol,  # as `manage.py serve` serves
-        lifespan="on",
-        access_log=False,
-        log_level="warning",
+    options: dict[str, Any] = {
+        "lifespan": "on",
+        "access_log": False,
+        "log_level": "warning",
         **config_options,
-    )
+    }
+    # The protocol and loop as `manage.py serve` serves.
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="asyncio", http=protocol, **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
