@@ -336,6 +336,11 @@ def parse_perf_analyzer(stdout: str, csv_path: Path) -> dict[str, Any]:
             res["throughput"] = float(row["Inferences/Second"])
             for p in ("p50", "p90", "p95", "p99"):
                 res[f"{p}_ms"] = float(row[f"{p} latency"]) / 1000.0
+            # The server's own timing of a request's model call (each request of a batch is charged the
+            # batch's), as both servers report it in their model statistics: a batch's model call, in µs.
+            parts = [row.get(f"Server Compute {part}") for part in ("Input", "Infer", "Output")]
+            if all(parts):
+                res["server_compute_us"] = sum(float(part) for part in parts if part)
     res["avg_latency_ms"] = (lambda v: v / 1000.0 if v is not None else None)(
         _grab(rf"Avg latency: {_NUM} usec", stdout)
     )
@@ -345,12 +350,32 @@ def parse_perf_analyzer(stdout: str, csv_path: Path) -> dict[str, Any]:
     res["server_success_count"] = _grab(rf"Successful request count: {_NUM}", stdout)
     if res["server_inference_count"] and res["server_execution_count"]:
         res["avg_batch_size"] = res["server_inference_count"] / res["server_execution_count"]
+        res.update(batch_cycle(res.get("throughput"), res["avg_batch_size"], res.get("server_compute_us")))
     if "throughput" not in res and passes:
         # Unstable: report the mean of the last three passes, without percentiles.
         last = passes[-3:]
         res["throughput"] = statistics.fmean(p["throughput"] for p in last)
         res["throughput_from"] = f"mean of the last {len(last)} passes (unstable)"
     return res
+
+
+def batch_cycle(
+    throughput: float | None, rows_per_batch: float | None, compute_us: float | None
+) -> dict[str, float]:
+    """Where a model instance's time goes, for a model served by one instance (``linear``'s count: 1).
+
+    Its batches run one after another, so a batch takes ``rows / throughput`` from its start to the next one's
+    start (the cycle), of which the model call (compute input, infer and output, as the server's statistics time
+    it) is one part and the rest is the instance's time between batches: the answers going out, the clients'
+    next requests coming in, and the next batch being formed and started."""
+    if not throughput or not rows_per_batch:
+        return {}
+    cycle_ms = rows_per_batch / throughput * 1000.0
+    out = {"batch_cycle_ms": cycle_ms}
+    if compute_us is not None:
+        out["model_call_ms"] = compute_us / 1000.0
+        out["between_batches_ms"] = cycle_ms - compute_us / 1000.0
+    return out
 
 
 @dataclass
@@ -591,7 +616,15 @@ def summarize(
         row: dict[str, Any] = {"protocol": protocol, "model": model, "concurrency": c, "rounds": len(o)}
         for name, by_round in (("triton", t), ("ours", o)):
             rs = [by_round[k] for k in sorted(by_round)]
-            for k in ("throughput", "p50_ms", "p99_ms", "avg_batch_size"):
+            for k in (
+                "throughput",
+                "p50_ms",
+                "p99_ms",
+                "avg_batch_size",
+                "batch_cycle_ms",
+                "model_call_ms",
+                "between_batches_ms",
+            ):
                 row[f"{name}_{k}"] = _median([r.get(k) for r in rs])
             row[f"{name}_stable"] = bool(rs) and all(r.get("stable", False) for r in rs)
             row[f"{name}_errors"] = [e for r in rs for e in r.get("errors", [])] if rs else ["not measured"]
@@ -655,6 +688,68 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def cycle_needed(row: dict[str, Any], min_ratio: float) -> dict[str, float]:
+    """What a throughput target asks of our one model instance, at the batch size and model call it measured.
+
+    ``needed_between_batches_ms`` is the time between batches the target leaves (negative: the target needs
+    batches faster than the model call alone allows at that size); ``rows_without_gaps`` the batch size at which
+    the model call alone, back to back, reaches the target."""
+    triton, rows, call_ms = (
+        row.get("triton_throughput"),
+        row.get("ours_avg_batch_size"),
+        row.get("ours_model_call_ms"),
+    )
+    if not triton or not rows or call_ms is None:
+        return {}
+    needed = min_ratio * triton
+    return {
+        "needed_throughput": needed,
+        "needed_between_batches_ms": rows / needed * 1000.0 - call_ms,
+        "rows_without_gaps": needed * call_ms / 1000.0,
+    }
+
+
+def cycle_lines(chk: dict[str, Any], row: dict[str, Any]) -> str:
+    """One sentence on the batch cycle a target needs, against each server's own (``cycle_needed``)."""
+    if "needed_throughput" not in chk:
+        return ""
+    rows, call_ms = row["ours_avg_batch_size"], row["ours_model_call_ms"]
+    gap = chk["needed_between_batches_ms"]
+    head = (
+        f"  one instance: {chk['needed_throughput']:,.0f}/s at {rows:.1f} rows a batch is a batch every "
+        f"{rows / chk['needed_throughput'] * 1000:.2f} ms, and the model call takes {call_ms:.2f} ms"
+    )
+    if gap <= 0:
+        return (
+            f"{head}: out of reach at this batch size (it would take {chk['rows_without_gaps']:.1f} rows a batch "
+            "with no time between batches)"
+        )
+    return (
+        f"{head}: {gap:.2f} ms between batches (ours: {_fmt(row.get('ours_between_batches_ms'), 2)} ms, "
+        f"Triton's: {_fmt(row.get('triton_between_batches_ms'), 2)} ms)"
+    )
+
+
+def cycle_table(rows: list[dict[str, Any]]) -> str:
+    """Each server's batch cycle (``batch_cycle``): rows a batch, cycle, model call and the time between."""
+    out = [
+        "| protocol | model | concurrency | rows a batch Triton / ours | batch cycle ms Triton / ours "
+        "| model call ms Triton / ours | between batches ms Triton / ours |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        cells = [r.get("protocol", "http"), r["model"], str(r["concurrency"])]
+        for key, digits in (
+            ("avg_batch_size", 1),
+            ("batch_cycle_ms", 2),
+            ("model_call_ms", 2),
+            ("between_batches_ms", 2),
+        ):
+            cells.append(f"{_fmt(r.get(f'triton_{key}'), digits)} / {_fmt(r.get(f'ours_{key}'), digits)}")
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The issue's targets: throughput >= Triton's at concurrency 8 and 32, p99 <= Triton's."""
     checks = []
@@ -705,6 +800,7 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "p99_ratio": r["p99_ratio"],
                 "max_p99_ratio": max_p99,
                 "met": met,
+                **cycle_needed(r, min_ratio),
             }
         )
     return {
@@ -946,6 +1042,7 @@ def run(args: argparse.Namespace) -> int:
         "summary": rows,
         "targets": targets(rows),
         "table_markdown": table,
+        "cycle_table_markdown": cycle_table(rows),
         "runs": bench.runs,
     }
     # A --quick smoke run never replaces the latest full run.
@@ -962,6 +1059,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print()
     print(table)
+    print()
+    print(doc["cycle_table_markdown"])
     print()
     tgt = doc["targets"]
     for chk in tgt["checks"]:
@@ -981,6 +1080,16 @@ def run(args: argparse.Namespace) -> int:
             )
             + f": {'met' if chk['met'] else 'NOT met'}"
         )
+        row = next(
+            r
+            for r in rows
+            if r["model"] == "linear"
+            and r.get("protocol", "http") == chk["protocol"]
+            and r["concurrency"] == chk["concurrency"]
+        )
+        line = cycle_lines(chk, row)
+        if line:
+            print(line)
     if tgt["linear_c32_ratio"] is not None:
         print(
             f"- linear c=32 throughput ratio {tgt['linear_c32_ratio']:.2f}x (architecture's aim: about 1.8x)"

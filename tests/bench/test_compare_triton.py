@@ -80,3 +80,44 @@ def test_rounds_default_to_one_and_widen_the_time_budget() -> None:
     three = compare_triton.parse_args(["--rounds", "3", "--protocols", "http"])
     assert one.rounds == 1
     assert three.time_budget == 3 * 540.0
+
+
+def test_perf_analyzer_output_gives_the_batch_cycle_and_the_time_between_batches(tmp_path: Path) -> None:
+    csv = tmp_path / "pa.csv"
+    csv.write_text(
+        "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
+        "Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency\n"
+        "8,2500,17,775,184,13,2144,43,0,3060,3500,4000,4610\n"
+    )
+    stdout = "  Server: \n    Inference count: 80000\n    Execution count: 10000\n"
+    res = compare_triton.parse_perf_analyzer(stdout, csv)
+    assert res["avg_batch_size"] == 8.0
+    assert res["server_compute_us"] == 2200.0  # input, infer and output: one batch's model call
+    assert res["batch_cycle_ms"] == 3.2  # 8 rows a batch at 2,500 rows a second
+    assert res["model_call_ms"] == 2.2
+    assert round(res["between_batches_ms"], 9) == 1.0
+
+
+def test_a_target_is_out_of_reach_of_one_instance_when_its_cycle_is_shorter_than_the_model_call() -> None:
+    cycle = {"avg_batch_size": 16.0, "model_call_ms": 2.2}
+    runs = [
+        _run("triton", 0, 4000.0, 10.0, 1.0, **{**cycle, "between_batches_ms": 0.4}),
+        _run("ours", 0, 6000.0, 6.0, 0.9, **{**cycle, "between_batches_ms": 0.47}),
+        _run("triton", 0, 2000.0, 10.0, 1.0, concurrency=8, avg_batch_size=8.0, model_call_ms=2.5),
+        _run("ours", 0, 2400.0, 6.0, 0.9, concurrency=8, avg_batch_size=8.0, model_call_ms=2.2),
+    ]
+    rows = compare_triton.summarize(runs, ["linear"], [8, 32], ["http"])
+    checks = {c["concurrency"]: c for c in compare_triton.targets(rows)["issue27"]}
+    # c = 32: 1.8 x 4,000 = 7,200/s at 16 rows is a batch every 2.22 ms, about the model call alone.
+    assert checks[32]["needed_throughput"] == 7200.0
+    assert checks[32]["rows_without_gaps"] == 7200.0 * 2.2 / 1000
+    # c = 8: 1.4 x 2,000 = 2,800/s at 8 rows is a batch every 2.857 ms, leaving 0.657 ms beside our 2.2 ms.
+    assert round(checks[8]["needed_between_batches_ms"], 3) == 0.657
+    row8 = next(r for r in rows if r["concurrency"] == 8)
+    assert "0.66 ms between batches" in compare_triton.cycle_lines(checks[8], row8)
+    tight = {**runs[0], "throughput": 5000.0}
+    rows = compare_triton.summarize([tight, runs[1]], ["linear"], [32], ["http"])
+    (check,) = compare_triton.targets(rows)["issue27"]
+    assert check["needed_between_batches_ms"] < 0
+    assert "out of reach at this batch size" in compare_triton.cycle_lines(check, rows[0])
+    assert "| 16.0 / 16.0 |" in compare_triton.cycle_table(rows)
