@@ -51,8 +51,8 @@ class Command(BaseCommand):
         # to the switch interval at a time; 5 ms (the default) shows up directly in the event
         # loop's p99. A shorter interval trades a little throughput for that tail.
         sys.setswitchinterval(settings.GATEWAY_SWITCH_INTERVAL_S)
-        # Measured here: the stdlib asyncio loop beat uvloop, httptools beat h11 by 25-30 %,
-        # and one process with one batcher per model beat two workers (which split batches).
+        # The stdlib asyncio loop: uvloop measured no faster under this protocol (bench/README.md); httptools
+        # beat h11 by 25-30 %, and one process with one batcher per model beat two workers (which split batches).
         # uvicorn runs the process, the socket and the lifespan; the HTTP protocol is ours (httptools on asyncio:
         # each answer in one write, infer requests without an ASGI task, read time-outs, header and connection
         # caps; see inference/http_protocol.py), measured faster than subclassing uvicorn's.
