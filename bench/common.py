@@ -5,7 +5,7 @@
 * HTTP: :func:`http`, :func:`wait_ready`, :func:`free_port_block`;
 * a gateway of our own: :func:`gateway_env`, :func:`manage`, :func:`create_bench_key`, :func:`serve_argv`;
 * Django in the benchmark's own process: :func:`use_database`, :func:`setup_django`, :func:`drop_database`;
-* results: :func:`utc_stamp`, :func:`git`, :func:`machine_info`, :func:`write_json`.
+* results: :func:`utc_stamp`, :func:`git`, :func:`machine_info`, :func:`write_json`, :func:`fmt` (a table's number).
 
 Standard library only (psycopg and Django are imported when used), so every script can import it first.
 """
@@ -389,6 +389,11 @@ def setup_django(database_url: str | None = None) -> None:
 
 
 # -- results ----------------------------------------------------------------------------------------------
+
+
+def fmt(v: float | None, digits: int = 1) -> str:
+    """A number for a results table: thousands separated, ``digits`` decimals, ``n/a`` when not measured."""
+    return "n/a" if v is None else f"{v:,.{digits}f}"
 
 
 def utc_stamp() -> str:

@@ -75,6 +75,7 @@ from common import (
     SetupError,
     children_cpu_seconds,
     create_bench_key,
+    fmt,
     free_port_block,
     gateway_env,
     group_cpu_seconds,
@@ -587,10 +588,6 @@ class Bench:
 # -- report -----------------------------------------------------------------------------------------------
 
 
-def _fmt(v: float | None, digits: int = 1) -> str:
-    return "n/a" if v is None else f"{v:,.{digits}f}"
-
-
 def _median(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
@@ -674,15 +671,15 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             if r[f"{name}_errors"]:
                 mark += " (errors)"
             cells += [
-                _fmt(r[f"{name}_throughput"], 0) + mark,
-                _fmt(r[f"{name}_p50_ms"], 2),
-                _fmt(r[f"{name}_p99_ms"], 2),
+                fmt(r[f"{name}_throughput"], 0) + mark,
+                fmt(r[f"{name}_p50_ms"], 2),
+                fmt(r[f"{name}_p99_ms"], 2),
             ]
         cells += [
             "n/a" if r["throughput_ratio"] is None else f"{r['throughput_ratio']:.2f}x",
             "n/a" if r["p99_ratio"] is None else f"{r['p99_ratio']:.2f}x",
-            _fmt(r.get("triton_cpu_us_per_request"), 0),
-            _fmt(r.get("ours_cpu_us_per_request"), 0),
+            fmt(r.get("triton_cpu_us_per_request"), 0),
+            fmt(r.get("ours_cpu_us_per_request"), 0),
         ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -725,8 +722,8 @@ def cycle_lines(chk: dict[str, Any], row: dict[str, Any]) -> str:
             "with no time between batches)"
         )
     return (
-        f"{head}: {gap:.2f} ms between batches (ours: {_fmt(row.get('ours_between_batches_ms'), 2)} ms, "
-        f"Triton's: {_fmt(row.get('triton_between_batches_ms'), 2)} ms)"
+        f"{head}: {gap:.2f} ms between batches (ours: {fmt(row.get('ours_between_batches_ms'), 2)} ms, "
+        f"Triton's: {fmt(row.get('triton_between_batches_ms'), 2)} ms)"
     )
 
 
@@ -745,7 +742,7 @@ def cycle_table(rows: list[dict[str, Any]]) -> str:
             ("model_call_ms", 2),
             ("between_batches_ms", 2),
         ):
-            cells.append(f"{_fmt(r.get(f'triton_{key}'), digits)} / {_fmt(r.get(f'ours_{key}'), digits)}")
+            cells.append(f"{fmt(r.get(f'triton_{key}'), digits)} / {fmt(r.get(f'ours_{key}'), digits)}")
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 

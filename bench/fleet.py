@@ -71,6 +71,7 @@ from common import (
     children_cpu_seconds,
     create_bench_key,
     drop_database,
+    fmt,
     free_port_block,
     gateway_env,
     http,
@@ -214,10 +215,6 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _fmt(v: float | None, digits: int = 1) -> str:
-    return "n/a" if v is None else f"{v:,.{digits}f}"
-
-
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| configuration | rounds | infer/s | vs N=1 | p50 ms | p99 ms | mean batch per replica | share per replica "
@@ -236,17 +233,17 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         cells = [
             name,
             str(r["rounds"]),
-            _fmt(r["throughput"], 0),
+            fmt(r["throughput"], 0),
             "n/a" if r["throughput_vs_1"] is None else f"{r['throughput_vs_1']:.2f}x",
-            _fmt(r["p50_ms"], 2),
-            _fmt(r["p99_ms"], 2),
-            " / ".join(_fmt(b, 1) for b in r["mean_batch_per_replica"]),
+            fmt(r["p50_ms"], 2),
+            fmt(r["p99_ms"], 2),
+            " / ".join(fmt(b, 1) for b in r["mean_batch_per_replica"]),
             " / ".join("n/a" if s is None else f"{s:.0%}" for s in r["request_share_per_replica"]),
-            _fmt(r["cpu_ms_per_request_gateways"], 3),
-            _fmt(r["cpu_ms_per_request_haproxy"], 3),
-            _fmt(r["cpu_ms_per_request_postgres"], 3),
-            _fmt(r["cpu_ms_per_request_total"], 3),
-            _fmt(r["machine_busy_cores"], 2),
+            fmt(r["cpu_ms_per_request_gateways"], 3),
+            fmt(r["cpu_ms_per_request_haproxy"], 3),
+            fmt(r["cpu_ms_per_request_postgres"], 3),
+            fmt(r["cpu_ms_per_request_total"], 3),
+            fmt(r["machine_busy_cores"], 2),
             ", ".join(notes),
         ]
         out.append("| " + " | ".join(cells) + " |")
@@ -770,7 +767,7 @@ class Bench:
                 break
         best = min(attempts, key=lambda r: (bool(r["errors"]), not r["stable"], r["other_cpu_cores"]))
         best["final"] = True
-        batches = " / ".join(_fmt(r["mean_batch"], 1) for r in best["replicas"])
+        batches = " / ".join(fmt(r["mean_batch"], 1) for r in best["replicas"])
         flag = "" if best["stable"] else " (UNSTABLE)"
         flag += f" (disturbed: others used {best['other_cpu_cores']:.2f} cores)" if best["disturbed"] else ""
         flag += f" ERRORS: {best['errors']}" if best["errors"] else ""
