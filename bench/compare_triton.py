@@ -699,9 +699,11 @@ def cycle_needed(row: dict[str, Any], min_ratio: float) -> dict[str, float]:
     if not triton or not rows or call_ms is None:
         return {}
     needed = min_ratio * triton
+    cycle_ms = rows / needed * 1000.0
     return {
         "needed_throughput": needed,
-        "needed_between_batches_ms": rows / needed * 1000.0 - call_ms,
+        "needed_batch_cycle_ms": cycle_ms,
+        "needed_between_batches_ms": cycle_ms - call_ms,
         "rows_without_gaps": needed * call_ms / 1000.0,
     }
 
@@ -714,7 +716,7 @@ def cycle_lines(chk: dict[str, Any], row: dict[str, Any]) -> str:
     gap = chk["needed_between_batches_ms"]
     head = (
         f"  one instance: {chk['needed_throughput']:,.0f}/s at {rows:.1f} rows a batch is a batch every "
-        f"{rows / chk['needed_throughput'] * 1000:.2f} ms, and the model call takes {call_ms:.2f} ms"
+        f"{chk['needed_batch_cycle_ms']:.2f} ms, and the model call takes {call_ms:.2f} ms"
     )
     if gap <= 0:
         return (

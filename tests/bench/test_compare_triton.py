@@ -112,6 +112,7 @@ def test_a_target_is_out_of_reach_of_one_instance_when_its_cycle_is_shorter_than
     assert checks[32]["needed_throughput"] == 7200.0
     assert checks[32]["rows_without_gaps"] == 7200.0 * 2.2 / 1000
     # c = 8: 1.4 x 2,000 = 2,800/s at 8 rows is a batch every 2.857 ms, leaving 0.657 ms beside our 2.2 ms.
+    assert round(checks[8]["needed_batch_cycle_ms"], 3) == 2.857
     assert round(checks[8]["needed_between_batches_ms"], 3) == 0.657
     row8 = next(r for r in rows if r["concurrency"] == 8)
     assert "0.66 ms between batches" in compare_triton.cycle_lines(checks[8], row8)
