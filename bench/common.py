@@ -5,7 +5,8 @@
 * HTTP: :func:`http`, :func:`wait_ready`, :func:`free_port_block`;
 * a gateway of our own: :func:`gateway_env`, :func:`manage`, :func:`create_bench_key`, :func:`serve_argv`;
 * Django in the benchmark's own process: :func:`use_database`, :func:`setup_django`, :func:`drop_database`;
-* results: :func:`utc_stamp`, :func:`git`, :func:`machine_info`, :func:`write_json`, :func:`fmt` (a table's number).
+* results: :func:`utc_stamp`, :func:`git`, :func:`machine_info`, :func:`write_json`, :func:`fmt` (a table's number);
+* the host: :func:`wakeup_probe` (what waking a blocked thread costs here, which bounds a closed loop's turn-around).
 
 Standard library only (psycopg and Django are imported when used), so every script can import it first.
 """
@@ -431,6 +432,97 @@ def machine_info() -> dict[str, Any]:
         "git_commit": git("rev-parse", "HEAD"),
         "git_modified_tracked_files": dirty,
     }
+
+
+# The echo end of wakeup_probe, run as ``python -c`` (a fresh interpreter: no fork of a process with threads).
+# argv: port, round trips, "block" or "poll". Polling spins on a non-blocking recv, so it never sleeps.
+_ECHO = """
+import socket, sys
+port, n, poll = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "poll"
+c = socket.create_connection(("127.0.0.1", port))
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+for _ in range(n):
+    while True:
+        try:
+            m = c.recv(4096, socket.MSG_DONTWAIT) if poll else c.recv(4096)
+            break
+        except BlockingIOError:
+            pass
+    if not m:
+        break
+    c.sendall(m)
+"""
+
+
+def _round_trips_us(n: int, poll: bool, timeout_s: float) -> list[float]:
+    """``n`` loopback TCP round trips of 300 bytes between this process and an echoing child, each timed (µs);
+    ``poll``: both ends spin on a non-blocking ``recv`` instead of blocking in it."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(timeout_s)
+        port = listener.getsockname()[1]
+        child = subprocess.Popen(
+            [sys.executable, "-c", _ECHO, str(port), str(n), "poll" if poll else "block"],
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            conn, _ = listener.accept()
+            with conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn.settimeout(None if not poll else 0.0)
+                message = b"x" * 300
+                deadline = time.monotonic() + timeout_s
+                times: list[float] = []
+                for _ in range(n):
+                    start = time.perf_counter_ns()
+                    if poll:
+                        _send_polling(conn, message)
+                    else:
+                        conn.sendall(message)
+                    got = 0
+                    while got < len(message):
+                        try:
+                            chunk = conn.recv(4096)
+                        except BlockingIOError:
+                            if time.monotonic() > deadline:
+                                raise TimeoutError("the wake-up probe's echo did not answer") from None
+                            continue
+                        if not chunk:
+                            raise ConnectionError("the wake-up probe's echo closed the connection")
+                        got += len(chunk)
+                    times.append((time.perf_counter_ns() - start) / 1000)
+                return times
+        finally:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=timeout_s)
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+def _send_polling(conn: socket.socket, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        with contextlib.suppress(BlockingIOError):
+            view = view[conn.send(view) :]
+
+
+def wakeup_probe(n: int = 2000, timeout_s: float = 20.0) -> dict[str, Any]:
+    """What waking a blocked thread costs on this host, from loopback TCP round trips with a child process.
+
+    A closed loop's turn-around (an answer sent, the client's thread woken, its next request sent, the server
+    woken) pays for two wake-ups a request. On a virtual machine whose idle CPUs halt (no halt polling), each
+    costs a trip through the hypervisor, so the same server turns requests around more slowly on one host than
+    another. Medians of ``n`` round trips blocking in ``recv`` and, with two or more CPUs, spinning on it;
+    ``wakeup_us`` is half their difference: the cost of one wake-up here."""
+    block = sorted(_round_trips_us(n, poll=False, timeout_s=timeout_s))
+    result: dict[str, Any] = {"round_trips": n, "blocking_us": round(block[len(block) // 2], 1)}
+    if len(os.sched_getaffinity(0)) >= 2:  # two spinning ends on one CPU would only take turns
+        poll = sorted(_round_trips_us(n, poll=True, timeout_s=timeout_s))
+        result["polling_us"] = round(poll[len(poll) // 2], 1)
+        result["wakeup_us"] = round(max(0.0, result["blocking_us"] - result["polling_us"]) / 2, 1)
+    return result
 
 
 def write_json(paths: Path | Sequence[Path], doc: Any, indent: int = 2) -> Path:

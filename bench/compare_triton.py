@@ -27,7 +27,8 @@ What it does, in this order:
    replaces the latest full run; ``...-diag...`` with ``--ours-env``) and prints a markdown table.
 
 Each run also records the CPU each server's process tree, perf_analyzer and everything else on the machine
-used while it ran (``server_cpu_cores``, ``perf_analyzer_cpu_cores``, ``other_cpu_cores``).
+used while it ran (``server_cpu_cores``, ``perf_analyzer_cpu_cores``, ``other_cpu_cores``), and, before the
+servers start, what waking a blocked thread costs on the host (``meta.wakeup_probe``, ``common.wakeup_probe``).
 
 Stability: perf_analyzer's default criterion (average latency and throughput of the last three windows
 within ``--stability-percentage``); p50/p99 are read from its report, which merges those windows.
@@ -88,6 +89,7 @@ from common import (
     tail,
     utc_stamp,
     wait_ready,
+    wakeup_probe,
     write_json,
 )
 
@@ -919,6 +921,10 @@ def run(args: argparse.Namespace) -> int:
     servers: list[Server] = []
     try:
         meta.update(ensure_triton(triton_dir))
+        # Before any server runs: the host's wake-up cost, which sets how fast any server turns a closed loop
+        # around here, so runs on different hosts can be told apart.
+        meta["wakeup_probe"] = wakeup_probe()
+        log(f"wake-up probe: {meta['wakeup_probe']}")
         # Our gateway: its own repository, database and key.
         models_dir = work / "models"
         models_dir.mkdir()
@@ -1052,7 +1058,9 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(
         f"Triton {meta.get('triton_version')} vs ours ({meta['git_commit'][:10]}), "
-        f"{meta['nproc']} CPUs, Python {meta['python']}, {stamp}"
+        f"{meta['nproc']} CPUs, Python {meta['python']}, {stamp}, "
+        f"loopback round trip {fmt(meta['wakeup_probe'].get('blocking_us'))} µs blocking, "
+        f"{fmt(meta['wakeup_probe'].get('polling_us'))} µs polling"
         f"{' (QUICK: smoke run, not a measurement)' if args.quick else ''}"
         f"{f' (DIAGNOSTIC: our gateway ran with {args.ours_env_map})' if args.ours_env_map else ''}"
     )

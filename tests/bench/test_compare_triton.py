@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -122,3 +123,14 @@ def test_a_target_is_out_of_reach_of_one_instance_when_its_cycle_is_shorter_than
     assert check["needed_between_batches_ms"] < 0
     assert "out of reach at this batch size" in compare_triton.cycle_lines(check, rows[0])
     assert "| 16.0 / 16.0 |" in compare_triton.cycle_table(rows)
+
+
+def test_the_wakeup_probe_times_round_trips_blocking_and_polling():
+    probe = compare_triton.wakeup_probe(n=50)
+    assert probe["round_trips"] == 50
+    assert probe["blocking_us"] > 0
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert probe["polling_us"] > 0
+        assert probe["wakeup_us"] == round(max(0.0, probe["blocking_us"] - probe["polling_us"]) / 2, 1)
+    else:
+        assert "polling_us" not in probe
