@@ -6,7 +6,7 @@
 * a gateway of our own: :func:`gateway_env`, :func:`manage`, :func:`create_bench_key`, :func:`serve_argv`;
 * Django in the benchmark's own process: :func:`use_database`, :func:`setup_django`, :func:`drop_database`;
 * results: :func:`utc_stamp`, :func:`git`, :func:`machine_info`, :func:`write_json`, :func:`fmt` (a table's number);
-* the host: :func:`wakeup_probe` (what waking a blocked thread costs here, which bounds a closed loop's turn-around).
+* the host: :func:`wakeup_probe` (what waking a blocked thread costs here, one cost of a closed loop's turn-around).
 
 Standard library only (psycopg and Django are imported when used), so every script can import it first.
 """
@@ -21,6 +21,7 @@ import platform
 import random
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -435,19 +436,21 @@ def machine_info() -> dict[str, Any]:
 
 
 # The echo end of wakeup_probe, run as ``python -c`` (a fresh interpreter: no fork of a process with threads).
-# argv: port, round trips, "block" or "poll". Polling spins on a non-blocking recv, so it never sleeps.
+# argv: port, "block" or "poll", time limit in seconds. It echoes until the other end closes; polling spins on a
+# non-blocking recv, so it never sleeps. Either way it gives up at the time limit.
 _ECHO = """
-import socket, sys
-port, n, poll = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "poll"
-c = socket.create_connection(("127.0.0.1", port))
+import socket, struct, sys, time
+port, poll, limit_s = int(sys.argv[1]), sys.argv[2] == "poll", float(sys.argv[3])
+deadline = time.monotonic() + limit_s
+c = socket.create_connection(("127.0.0.1", port), timeout=limit_s)
+c.settimeout(None)
 c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-for _ in range(n):
-    while True:
-        try:
-            m = c.recv(4096, socket.MSG_DONTWAIT) if poll else c.recv(4096)
-            break
-        except BlockingIOError:
-            pass
+c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(limit_s) + 1, 0))
+while time.monotonic() < deadline:
+    try:
+        m = c.recv(4096, socket.MSG_DONTWAIT) if poll else c.recv(4096)
+    except BlockingIOError:
+        continue
     if not m:
         break
     c.sendall(m)
@@ -456,37 +459,40 @@ for _ in range(n):
 
 def _round_trips_us(n: int, poll: bool, timeout_s: float) -> list[float]:
     """``n`` loopback TCP round trips of 300 bytes between this process and an echoing child, each timed (µs);
-    ``poll``: both ends spin on a non-blocking ``recv`` instead of blocking in it."""
+    ``poll``: both ends spin on a non-blocking ``recv`` instead of blocking in it. Raises ``TimeoutError`` when
+    the whole takes over ``timeout_s``, ``ConnectionError`` when the child goes away."""
+    deadline = time.monotonic() + timeout_s
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
-        listener.settimeout(timeout_s)
+        listener.settimeout(0.2)
         port = listener.getsockname()[1]
         child = subprocess.Popen(
-            [sys.executable, "-c", _ECHO, str(port), str(n), "poll" if poll else "block"],
+            [sys.executable, "-c", _ECHO, str(port), "poll" if poll else "block", str(timeout_s)],
             stdin=subprocess.DEVNULL,
         )
         try:
-            conn, _ = listener.accept()
+            conn = _accept(listener, child, deadline)
             with conn:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn.settimeout(None if not poll else 0.0)
+                if poll:
+                    conn.setblocking(False)
+                else:
+                    # A kernel time-out, not Python's: a Python one would add a poll() to every recv.
+                    limit = struct.pack("ll", int(timeout_s) + 1, 0)
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
                 message = b"x" * 300
-                deadline = time.monotonic() + timeout_s
                 times: list[float] = []
                 for _ in range(n):
                     start = time.perf_counter_ns()
-                    if poll:
-                        _send_polling(conn, message)
-                    else:
-                        conn.sendall(message)
+                    _send(conn, message, deadline)
                     got = 0
                     while got < len(message):
                         try:
                             chunk = conn.recv(4096)
-                        except BlockingIOError:
-                            if time.monotonic() > deadline:
-                                raise TimeoutError("the wake-up probe's echo did not answer") from None
+                        except BlockingIOError:  # polling, or the kernel time-out when blocking
+                            _check(deadline)
                             continue
                         if not chunk:
                             raise ConnectionError("the wake-up probe's echo closed the connection")
@@ -494,34 +500,72 @@ def _round_trips_us(n: int, poll: bool, timeout_s: float) -> list[float]:
                     times.append((time.perf_counter_ns() - start) / 1000)
                 return times
         finally:
+            # Our end is closed by now, so the echo reads the end of the stream and exits.
             with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=timeout_s)
+                child.wait(timeout=2.0)
             if child.poll() is None:
                 child.kill()
                 child.wait()
 
 
-def _send_polling(conn: socket.socket, data: bytes) -> None:
+def _accept(listener: socket.socket, child: subprocess.Popen[bytes], deadline: float) -> socket.socket:
+    while True:
+        try:
+            conn, _ = listener.accept()
+            return conn
+        except TimeoutError:
+            if child.poll() is not None:
+                raise ConnectionError(f"the wake-up probe's echo exited ({child.returncode})") from None
+            _check(deadline)
+
+
+def _send(conn: socket.socket, data: bytes, deadline: float) -> None:
     view = memoryview(data)
     while view:
-        with contextlib.suppress(BlockingIOError):
+        try:
             view = view[conn.send(view) :]
+        except BlockingIOError:
+            _check(deadline)
+
+
+def _check(deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise TimeoutError("the wake-up probe's echo did not answer in time")
 
 
 def wakeup_probe(n: int = 2000, timeout_s: float = 20.0) -> dict[str, Any]:
     """What waking a blocked thread costs on this host, from loopback TCP round trips with a child process.
 
-    A closed loop's turn-around (an answer sent, the client's thread woken, its next request sent, the server
-    woken) pays for two wake-ups a request. On a virtual machine whose idle CPUs halt (no halt polling), each
-    costs a trip through the hypervisor, so the same server turns requests around more slowly on one host than
-    another. Medians of ``n`` round trips blocking in ``recv`` and, with two or more CPUs, spinning on it;
-    ``wakeup_us`` is half their difference: the cost of one wake-up here."""
-    block = sorted(_round_trips_us(n, poll=False, timeout_s=timeout_s))
-    result: dict[str, Any] = {"round_trips": n, "blocking_us": round(block[len(block) // 2], 1)}
-    if len(os.sched_getaffinity(0)) >= 2:  # two spinning ends on one CPU would only take turns
-        poll = sorted(_round_trips_us(n, poll=True, timeout_s=timeout_s))
-        result["polling_us"] = round(poll[len(poll) // 2], 1)
-        result["wakeup_us"] = round(max(0.0, result["blocking_us"] - result["polling_us"]) / 2, 1)
+    Each request of a closed loop pays for wake-ups in its turn-around (the client's thread woken by the
+    answer, the server's by the next request). On a virtual machine whose idle CPUs halt without polling,
+    each is a trip through the hypervisor, so this is one of the costs that differ between hosts. Medians of
+    ``n`` round trips blocking in ``recv`` and, with two or more CPUs, spinning on it; ``wakeup_us`` is half
+    their difference. ``{"error": ...}`` when the probe could not run: it only describes the host.
+
+    Only a quiet host gives its real cost: where other work keeps the CPUs from halting, nothing needs waking
+    from a halt, and the blocking round trips come out nearly as fast as the spinning ones. So the result also
+    says how busy the machine was just before (``machine_busy_cores_before``, over half a second)."""
+    busy0, total0 = machine_busy_ticks()
+    time.sleep(0.5)
+    busy1, total1 = machine_busy_ticks()
+    before = round((os.cpu_count() or 1) * (busy1 - busy0) / max(1, total1 - total0), 2)
+    try:
+        block = sorted(_round_trips_us(n, poll=False, timeout_s=timeout_s))
+        result: dict[str, Any] = {
+            "round_trips": n,
+            "machine_busy_cores_before": before,
+            "blocking_us": round(block[len(block) // 2], 1),
+        }
+        if len(os.sched_getaffinity(0)) >= 2:  # two spinning ends on one CPU would only take turns
+            poll = sorted(_round_trips_us(n, poll=True, timeout_s=timeout_s))
+            result["polling_us"] = round(poll[len(poll) // 2], 1)
+            result["wakeup_us"] = round(max(0.0, result["blocking_us"] - result["polling_us"]) / 2, 1)
+    except OSError as exc:  # TimeoutError and ConnectionError among them
+        return {
+            "round_trips": n,
+            "machine_busy_cores_before": before,
+            "error": f"{type(exc).__name__}: {exc}",
+        }
     return result
 
 

@@ -921,8 +921,8 @@ def run(args: argparse.Namespace) -> int:
     servers: list[Server] = []
     try:
         meta.update(ensure_triton(triton_dir))
-        # Before any server runs: the host's wake-up cost, which sets how fast any server turns a closed loop
-        # around here, so runs on different hosts can be told apart.
+        # Before any server runs: the host's wake-up cost, one of the costs in a closed loop's turn-around that
+        # differ between hosts, so runs on different hosts can be told apart.
         meta["wakeup_probe"] = wakeup_probe()
         log(f"wake-up probe: {meta['wakeup_probe']}")
         # Our gateway: its own repository, database and key.

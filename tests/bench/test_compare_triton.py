@@ -1,4 +1,5 @@
-"""bench/compare_triton.py's summary of several rounds and issue 27's targets, on plain dictionaries."""
+"""bench/compare_triton.py's summary of several rounds and issue 27's targets, on plain dictionaries; and its
+wake-up probe of the host, on real loopback sockets with a child process."""
 
 from __future__ import annotations
 
@@ -125,8 +126,9 @@ def test_a_target_is_out_of_reach_of_one_instance_when_its_cycle_is_shorter_than
     assert "| 16.0 / 16.0 |" in compare_triton.cycle_table(rows)
 
 
-def test_the_wakeup_probe_times_round_trips_blocking_and_polling():
+def test_the_wakeup_probe_times_round_trips_blocking_and_polling() -> None:
     probe = compare_triton.wakeup_probe(n=50)
+    assert "error" not in probe, probe
     assert probe["round_trips"] == 50
     assert probe["blocking_us"] > 0
     if len(os.sched_getaffinity(0)) >= 2:
