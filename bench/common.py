@@ -414,7 +414,8 @@ def git(*args: str) -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    """What a result depends on besides the code: CPUs, load, platform, Python, commit and modified files."""
+    """What a result depends on besides the code: CPUs and how idle ones wait, load, platform, Python, commit and
+    modified files."""
     cpu_model = ""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -422,10 +423,20 @@ def machine_info() -> dict[str, Any]:
                 cpu_model = line.split(":", 1)[1].strip()
                 break
     dirty = [line for line in git("status", "--porcelain", "--untracked-files=no").splitlines() if line]
+    # How idle CPUs wait (a virtual machine's halt polling off makes every wake-up a trip through the
+    # hypervisor; see wakeup_probe): the cpuidle driver and the kernel command line's haltpoll setting.
+    cpuidle: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        cpuidle["driver"] = Path("/sys/devices/system/cpu/cpuidle/current_driver").read_text().strip()
+    with contextlib.suppress(OSError):
+        for word in Path("/proc/cmdline").read_text().split():
+            if "halt_poll" in word or word.startswith(("idle=", "cpuidle")):
+                cpuidle[word.split("=", 1)[0]] = word.partition("=")[2]
     return {
         "nproc": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)),
         "cpu_model": cpu_model,
+        "cpuidle": cpuidle,
         "loadavg_at_start": os.getloadavg(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],

@@ -136,3 +136,13 @@ def test_the_wakeup_probe_times_round_trips_blocking_and_polling() -> None:
         assert probe["wakeup_us"] == round(max(0.0, probe["blocking_us"] - probe["polling_us"]) / 2, 1)
     else:
         assert "polling_us" not in probe
+
+
+def test_the_machine_info_says_how_idle_cpus_wait() -> None:
+    cpuidle = compare_triton.machine_info()["cpuidle"]
+    driver = Path("/sys/devices/system/cpu/cpuidle/current_driver")
+    if driver.exists():
+        assert cpuidle["driver"] == driver.read_text().strip()
+    for word in Path("/proc/cmdline").read_text().split():
+        if "halt_poll" in word:
+            assert cpuidle[word.split("=", 1)[0]] == word.partition("=")[2]
