@@ -107,6 +107,14 @@ def machine_busy_ticks() -> tuple[int, int]:
     return busy, sum(parts)
 
 
+def machine_busy_cores(window_s: float) -> float:
+    """Cores the whole machine kept busy over the next ``window_s`` seconds (it sleeps that long)."""
+    busy0, total0 = machine_busy_ticks()
+    time.sleep(window_s)
+    busy1, total1 = machine_busy_ticks()
+    return (os.cpu_count() or 1) * (busy1 - busy0) / max(1, total1 - total0)
+
+
 def children_cpu_seconds() -> float:
     import resource
 
@@ -468,10 +476,11 @@ while time.monotonic() < deadline:
 """
 
 
-def _round_trips_us(n: int, poll: bool, timeout_s: float) -> list[float]:
-    """``n`` loopback TCP round trips of 300 bytes between this process and an echoing child, each timed (µs);
-    ``poll``: both ends spin on a non-blocking ``recv`` instead of blocking in it. Raises ``TimeoutError`` when
-    the whole takes over ``timeout_s``, ``ConnectionError`` when the child goes away."""
+def _median_round_trip_us(n: int, poll: bool, timeout_s: float) -> float:
+    """The median (upper, for an even ``n``) of ``n`` loopback TCP round trips of 300 bytes between this process
+    and an echoing child, in µs; ``poll``: both ends spin on a non-blocking ``recv`` instead of blocking in it.
+    Raises ``TimeoutError`` when the whole takes over ``timeout_s``, ``ConnectionError`` when the child goes
+    away."""
     deadline = time.monotonic() + timeout_s
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -509,7 +518,7 @@ def _round_trips_us(n: int, poll: bool, timeout_s: float) -> list[float]:
                             raise ConnectionError("the wake-up probe's echo closed the connection")
                         got += len(chunk)
                     times.append((time.perf_counter_ns() - start) / 1000)
-                return times
+                return sorted(times)[n // 2]
         finally:
             # Our end is closed by now, so the echo reads the end of the stream and exits.
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -556,20 +565,15 @@ def wakeup_probe(n: int = 2000, timeout_s: float = 20.0) -> dict[str, Any]:
     Only a quiet host gives its real cost: where other work keeps the CPUs from halting, nothing needs waking
     from a halt, and the blocking round trips come out nearly as fast as the spinning ones. So the result also
     says how busy the machine was just before (``machine_busy_cores_before``, over half a second)."""
-    busy0, total0 = machine_busy_ticks()
-    time.sleep(0.5)
-    busy1, total1 = machine_busy_ticks()
-    before = round((os.cpu_count() or 1) * (busy1 - busy0) / max(1, total1 - total0), 2)
+    before = round(machine_busy_cores(0.5), 2)
     try:
-        block = sorted(_round_trips_us(n, poll=False, timeout_s=timeout_s))
         result: dict[str, Any] = {
             "round_trips": n,
             "machine_busy_cores_before": before,
-            "blocking_us": round(block[len(block) // 2], 1),
+            "blocking_us": round(_median_round_trip_us(n, poll=False, timeout_s=timeout_s), 1),
         }
         if len(os.sched_getaffinity(0)) >= 2:  # two spinning ends on one CPU would only take turns
-            poll = sorted(_round_trips_us(n, poll=True, timeout_s=timeout_s))
-            result["polling_us"] = round(poll[len(poll) // 2], 1)
+            result["polling_us"] = round(_median_round_trip_us(n, poll=True, timeout_s=timeout_s), 1)
             result["wakeup_us"] = round(max(0.0, result["blocking_us"] - result["polling_us"]) / 2, 1)
     except OSError as exc:  # TimeoutError and ConnectionError among them
         return {

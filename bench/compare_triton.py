@@ -82,6 +82,7 @@ from common import (
     group_cpu_seconds,
     http,
     log,
+    machine_busy_cores,
     machine_busy_ticks,
     machine_info,
     run_main,
@@ -517,12 +518,8 @@ class Bench:
         a = self.args
         limit = min(a.quiet_wait, max(0.0, self._slack_s() / max(1, self.remaining)))
         t0 = time.monotonic()
-        cores = os.cpu_count() or 1
         while True:
-            b0, n0 = machine_busy_ticks()
-            time.sleep(1.0)
-            b1, n1 = machine_busy_ticks()
-            busy = cores * (b1 - b0) / max(1, n1 - n0)
+            busy = machine_busy_cores(1.0)
             waited = time.monotonic() - t0
             if busy <= a.disturbed_cores or waited >= limit:
                 return {"machine_busy_cores_before": round(busy, 3), "waited_for_quiet_s": round(waited, 1)}
